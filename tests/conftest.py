@@ -1,0 +1,21 @@
+"""Shared fixtures: paths to the real traces in ../shared and a fresh database per test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+SHARED_DATA = SHARED / "data"
+KINETO = SHARED_DATA / "traces" / "kineto"
+NSYS = SHARED_DATA / "traces" / "nsys"
+INVALID = SHARED_DATA / "traces" / "invalid"
+GPUMODELING25 = SHARED_DATA / "gpumodeling25"
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    """A database path in a fresh temporary directory (the file does not exist yet)."""
+    return tmp_path / "test.duckdb"

@@ -1,0 +1,45 @@
+"""The schema module is the single declaration of every table; the generated DDL must match it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+
+from tracecal.schema import TABLES, TABLES_DIR, arrow_schema, ddl
+from tracecal.sql.connection import open_database
+
+
+def test_committed_ddl_files_match_schema_module() -> None:
+    for table in TABLES:
+        committed = (TABLES_DIR / f"{table.name}.sql").read_text()
+        assert committed == ddl(table), f"run `python -m tracecal.schema` to regenerate {table.name}.sql"
+
+
+def test_units_are_in_column_names() -> None:
+    for table in TABLES:
+        for col in table.columns:
+            if col.name.endswith(("_ts", "_dur", "_time")):
+                raise AssertionError(f"{table.name}.{col.name}: time columns end in _ns")
+
+
+def test_database_tables_have_every_column_commented(db_path: Path) -> None:
+    with open_database(db_path) as con:
+        rows = con.execute(
+            "SELECT table_name, column_name, comment FROM duckdb_columns() WHERE schema_name = 'main'"
+        ).fetchall()
+    by_table: dict[str, dict[str, str | None]] = {}
+    for table_name, column, comment in rows:
+        by_table.setdefault(table_name, {})[column] = comment
+    for table in TABLES:
+        assert list(by_table[table.name]) == table.column_names
+        assert all(by_table[table.name].values()), f"{table.name} has an uncommented column"
+
+
+def test_arrow_schema_round_trips_through_duckdb(db_path: Path) -> None:
+    for table in TABLES:
+        empty = pa.Table.from_batches([], schema=arrow_schema(table))
+        with open_database(db_path) as con:
+            con.register("frame", empty)
+            con.execute(f"INSERT INTO {table.name} SELECT * FROM frame")
+            assert con.execute(f"SELECT count(*) FROM {table.name}").fetchone() == (0,)

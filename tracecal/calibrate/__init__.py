@@ -1,0 +1,1 @@
+"""Features, regressors, validation and the model store for calibrated operator cost models."""

@@ -1,0 +1,1 @@
+"""typer command-line interface: thin commands over library functions."""

@@ -1,0 +1,26 @@
+"""The `tracecal` command and its console-script aliases (`trace-ingest`, `calibrate`).
+
+Each command group lives in its own module; this file only assembles them. Heavy libraries (torch,
+xgboost) are imported inside the commands that need them so `tracecal --help` starts fast.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from tracecal.cli import query
+
+app = typer.Typer(
+    name="tracecal",
+    help="Profiler-trace ingestion, calibration and replay prediction for distributed LLM training.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+app.command("sql")(query.sql)
+app.command("runs")(query.runs)
+
+
+if __name__ == "__main__":
+    app()

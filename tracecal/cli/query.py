@@ -1,0 +1,61 @@
+"""`tracecal sql` and `tracecal runs`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tracecal.cli.common import DbOption, render_arrow, stdout, user_errors
+from tracecal.config import Settings
+from tracecal.errors import InputNotFoundError
+from tracecal.sql.connection import open_database
+from tracecal.sql.query import OUTPUT_FORMATS, QueryError, list_runs, result_as_csv, result_as_json, run_query, write_result
+
+
+def sql(
+    query: Annotated[str | None, typer.Argument(help="SQL to run, e.g. \"select * from runs\".")] = None,
+    file: Annotated[Path | None, typer.Option("--file", "-f", help="Read the SQL from this file.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, csv, json or parquet.")] = "table",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the result to this file.")] = None,
+    write: Annotated[bool, typer.Option("--write", help="Allow statements that change the database.")] = False,
+    limit: Annotated[int, typer.Option(help="Rows shown in table format (files get all rows).")] = 100,
+    db: DbOption = None,
+) -> None:
+    """Run SQL on the database (read-only unless --write). Tables: runs, ranks, events, operators,
+    collectives, iterations, samples, models, predictions, components; views: see README."""
+    with user_errors():
+        if (query is None) == (file is None):
+            raise QueryError("give exactly one of: a SQL argument, or --file PATH")
+        if file is not None and not file.is_file():
+            raise InputNotFoundError(f"SQL file {file} does not exist")
+        text = file.read_text() if file is not None else query or ""
+        if fmt not in OUTPUT_FORMATS:
+            raise QueryError(f"unknown --format {fmt!r}; use one of {', '.join(OUTPUT_FORMATS)}")
+        if fmt == "parquet" and output is None:
+            raise QueryError("--format parquet needs --output PATH")
+        settings = Settings.resolve(db)
+        with open_database(settings.db_path, read_only=not write) as con:
+            result = run_query(con, text)
+        if output is not None:
+            write_result(result, "csv" if fmt == "table" else fmt, output)
+            stdout.print(f"wrote {result.num_rows} rows to {output}")
+        elif fmt == "csv":
+            typer.echo(result_as_csv(result), nl=False)
+        elif fmt == "json":
+            typer.echo(result_as_json(result), nl=False)
+        else:
+            render_arrow(None, result, limit=limit)
+
+
+def runs(db: DbOption = None) -> None:
+    """List ingested runs with ranks, events, capture span and source."""
+    with user_errors():
+        settings = Settings.resolve(db)
+        with open_database(settings.db_path, read_only=True) as con:
+            table = list_runs(con)
+        if table.num_rows == 0:
+            stdout.print(f"no runs in {settings.db_path}; ingest one with: trace-ingest RUN_DIR")
+            return
+        render_arrow(f"runs in {settings.db_path}", table)

@@ -1,0 +1,34 @@
+"""Settings resolved once at the edge: defaults < environment < flags, then passed explicitly."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_DB = Path("tracecal.duckdb")
+DB_ENV = "TRACECAL_DB"
+
+
+def resolve_db_path(flag: Path | None) -> Path:
+    """The database path: ``--db`` if given, else ``$TRACECAL_DB``, else ``./tracecal.duckdb``."""
+    if flag is not None:
+        return flag
+    env = os.environ.get(DB_ENV)
+    return Path(env) if env else DEFAULT_DB
+
+
+def model_store_dir(db_path: Path) -> Path:
+    """Directory of calibrated model artifacts: ``<db stem>.models/`` next to the database."""
+    return db_path.with_name(db_path.stem + ".models")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What every command needs to know about where it works."""
+
+    db_path: Path
+
+    @classmethod
+    def resolve(cls, db: Path | None = None) -> Settings:
+        return cls(db_path=resolve_db_path(db))

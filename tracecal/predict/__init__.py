@@ -1,0 +1,1 @@
+"""Dependency graph of the best iteration, discrete-event replay, component errors and figures."""

@@ -1,0 +1,1 @@
+"""Microbenchmark samplers (torch), sample import, and the reference training workload."""

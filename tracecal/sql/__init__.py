@@ -1,0 +1,1 @@
+"""DuckDB side: connection and schema, loading runs, and the *.sql views users query."""

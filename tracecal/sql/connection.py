@@ -1,0 +1,106 @@
+"""Opening a tracecal database: tables from ``sql/tables/*.sql``, views from ``sql/views/*.sql``.
+
+Callers own the connection (``with open_database(path) as con: ...``); library functions take a
+connection and never open hidden global ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from tracecal import __version__
+from tracecal.errors import InputNotFoundError, SchemaError
+from tracecal.schema import SCHEMA_VERSION, TABLES, TABLES_DIR
+
+VIEWS_DIR = Path(__file__).parent / "views"
+
+_META_DDL = """
+CREATE TABLE IF NOT EXISTS tracecal_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
+COMMENT ON TABLE tracecal_meta IS 'tracecal schema version and the tool version that created the database';
+"""
+
+
+def query_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
+    """Run one statement and return its rows as an Arrow table (empty for statements without rows)."""
+    relation = con.sql(sql, params=params)
+    if relation is None:
+        return pa.table({})
+    to_arrow = getattr(relation, "to_arrow_table", None) or relation.arrow  # DuckDB 2.x / 1.x
+    return to_arrow()
+
+
+def table_ddl_files() -> list[Path]:
+    """The generated table DDL files, in creation order."""
+    return [TABLES_DIR / f"{t.name}.sql" for t in TABLES]
+
+
+def view_files() -> list[Path]:
+    """Every view definition shipped with the package (one view per file)."""
+    return sorted(VIEWS_DIR.glob("*.sql"))
+
+
+def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    """Create missing tables and (re)create all views; refuse a database of another schema version."""
+    con.execute(_META_DDL)
+    row = con.execute("SELECT value FROM tracecal_meta WHERE key = 'schema_version'").fetchone()
+    if row is None:
+        con.execute(
+            "INSERT INTO tracecal_meta VALUES ('schema_version', ?), ('created_by', ?)",
+            [str(SCHEMA_VERSION), __version__],
+        )
+    elif int(row[0]) != SCHEMA_VERSION:
+        raise SchemaError(
+            f"database schema version {row[0]} differs from this tracecal's {SCHEMA_VERSION}; "
+            "re-ingest into a new database (--db NEW.duckdb)"
+        )
+    for path in table_ddl_files():
+        con.execute(path.read_text())
+    create_views(con)
+
+
+def create_views(con: duckdb.DuckDBPyConnection) -> None:
+    """(Re)create every view; views may read other views, so retry until all bind."""
+    pending = view_files()
+    while pending:
+        failed: list[tuple[Path, Exception]] = []
+        for path in pending:
+            try:
+                con.execute(path.read_text())
+            except duckdb.CatalogException as exc:  # a view it reads is not created yet
+                failed.append((path, exc))
+        if len(failed) == len(pending):
+            path, exc = failed[0]
+            raise SchemaError(f"view {path.name} does not bind: {exc}".splitlines()[0])
+        pending = [p for p, _ in failed]
+
+
+@contextmanager
+def open_database(path: Path, *, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """Open (creating if needed, unless read-only) a tracecal database with its schema in place.
+
+    Raises:
+        InputNotFoundError: ``read_only`` and the database file does not exist.
+        SchemaError: the database was written by an incompatible schema version.
+    """
+    if read_only and not path.exists():
+        raise InputNotFoundError(
+            f"no database at {path}; ingest a run first (trace-ingest RUN_DIR) or pass --db PATH"
+        )
+    if not read_only:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        con = duckdb.connect(str(path), read_only=read_only)
+    except duckdb.IOException as exc:
+        raise SchemaError(f"cannot open database {path}: {str(exc).splitlines()[0]}") from exc
+    try:
+        if not read_only:
+            ensure_schema(con)
+        yield con
+    finally:
+        con.close()

@@ -1,0 +1,83 @@
+"""Running user SQL and listing runs: the library side of ``tracecal sql`` and ``tracecal runs``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from tracecal.errors import TracecalError
+from tracecal.sql.connection import query_arrow
+
+OUTPUT_FORMATS = ("table", "csv", "json", "parquet")
+
+RUNS_QUERY_FILE = Path(__file__).parent / "queries" / "runs_overview.sql"
+
+
+class QueryError(TracecalError):
+    """The SQL given to ``tracecal sql`` failed to parse or run, or tried to write without --write."""
+
+
+def run_query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Run one or more statements; return the result of the last one as an Arrow table.
+
+    Raises:
+        QueryError: DuckDB rejected the SQL (the message is DuckDB's first line).
+    """
+    statements = [s for s in _split_statements(con, sql)]
+    if not statements:
+        raise QueryError("no SQL statement given")
+    try:
+        for statement in statements[:-1]:
+            con.execute(statement)
+        return query_arrow(con, statements[-1])
+    except duckdb.Error as exc:
+        first_line = str(exc).splitlines()[0]
+        if "read-only" in first_line.lower():
+            raise QueryError(f"{first_line} (pass --write to allow changes)") from exc
+        raise QueryError(first_line) from exc
+
+
+def _split_statements(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
+    try:
+        return [s.query for s in con.extract_statements(sql)]
+    except duckdb.Error as exc:
+        raise QueryError(str(exc).splitlines()[0]) from exc
+
+
+def write_result(table: pa.Table, fmt: str, output: Path) -> None:
+    """Write a query result to ``output`` as csv, json (array of objects) or parquet."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    if fmt == "csv":
+        pacsv.write_csv(table, output)
+    elif fmt == "parquet":
+        pq.write_table(table, output)
+    elif fmt == "json":
+        output.write_text(result_as_json(table))
+    else:
+        raise QueryError(f"cannot write format {fmt!r} to a file; use csv, json or parquet")
+
+
+def result_as_json(table: pa.Table) -> str:
+    """Rows as a JSON array of objects (timestamps as ISO strings)."""
+    import msgspec
+
+    return msgspec.json.encode(table.to_pylist()).decode() + "\n"
+
+
+def result_as_csv(table: pa.Table) -> str:
+    import io
+
+    import pyarrow.csv as pacsv
+
+    sink = io.BytesIO()
+    pacsv.write_csv(table, sink)
+    return sink.getvalue().decode()
+
+
+def list_runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    """One row per run: ranks, events, span of the capture, format and source path."""
+    return query_arrow(con, RUNS_QUERY_FILE.read_text())

@@ -1,0 +1,23 @@
+-- components: Per run, rank and component: measured vs predicted time of the best iteration and the error.
+-- Generated from tracecal/schema.py by `python -m tracecal.schema`; edit the schema, not this file.
+CREATE TABLE IF NOT EXISTS components (
+    run_id        VARCHAR,
+    cluster       VARCHAR,
+    mode          VARCHAR,
+    rank          INTEGER,
+    component     VARCHAR,
+    measured_ns   BIGINT,
+    predicted_ns  BIGINT,
+    error_pct     DOUBLE,
+    covered_share DOUBLE
+);
+COMMENT ON TABLE components IS 'Per run, rank and component: measured vs predicted time of the best iteration and the error.';
+COMMENT ON COLUMN components.run_id IS 'run identifier';
+COMMENT ON COLUMN components.cluster IS 'cluster whose models predicted (NULL in measured mode)';
+COMMENT ON COLUMN components.mode IS 'measured, predicted, or scaled';
+COMMENT ON COLUMN components.rank IS 'global rank';
+COMMENT ON COLUMN components.component IS 'compute_fwd, compute_bwd, optimizer, comm_tp, comm_dp, comm_pp, comm_ep, comm_other, memcpy, idle, or iteration (the whole iteration)';
+COMMENT ON COLUMN components.measured_ns IS 'measured time of the component in the best iteration';
+COMMENT ON COLUMN components.predicted_ns IS 'replayed time of the component';
+COMMENT ON COLUMN components.error_pct IS '(predicted − measured) / measured × 100; NULL when measured is 0';
+COMMENT ON COLUMN components.covered_share IS 'share of the component''s measured time predicted by a model (0–1)';
