@@ -1,0 +1,50 @@
+"""What a parser hands over for one rank: its events as Arrow and the facts known about the rank.
+
+Both the Kineto parser (one rank per file) and the Nsight reader (one or several ranks per file)
+produce ``ParsedRank`` objects; everything after parsing is format-independent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+
+@dataclass(frozen=True)
+class ParsedRank:
+    """One rank's trace after parsing.
+
+    Attributes:
+        rank: global rank, or None when the file itself does not say (discovery then assigns it
+            from the path and records ``rank_source``).
+        rank_source: where ``rank`` came from (``distributedInfo``, ``path``, ``nvtx``, ``nsys_order``).
+        events: record batches conforming to ``tracecal.schema.EVENTS`` with ``run_id`` left null
+            (the loader fills it); ``event_id`` is the event's index within the rank.
+        file: the source file.
+        file_bytes: size of the file on disk.
+        format: ``kineto`` or ``nsys``.
+        world_size: from the trace (distributedInfo.world_size) or None.
+        backend: distributed backend (nccl, gloo) or None.
+        host, pid, device_name: what the trace says about where it ran (None when absent).
+        schema_era: ``2021``, ``2022``, ``2024`` for Kineto category eras, ``nsys-<version>`` for Nsight.
+        process_groups: ``distributedInfo.pg_config`` entries (pg_name, pg_desc, pg_size, ranks) or [].
+        metadata: other top-level trace metadata worth keeping (small values only).
+    """
+
+    rank: int | None
+    rank_source: str
+    events: pa.Table
+    file: Path
+    file_bytes: int
+    format: str
+    world_size: int | None = None
+    backend: str | None = None
+    host: str | None = None
+    pid: int | None = None
+    device_name: str | None = None
+    schema_era: str | None = None
+    process_groups: list[dict[str, Any]] = field(default_factory=list)
+    metadata: dict[str, Any] = field(default_factory=dict)
