@@ -11,7 +11,15 @@ from tracecal.cli.common import DbOption, render_arrow, stdout, user_errors
 from tracecal.config import Settings
 from tracecal.errors import InputNotFoundError
 from tracecal.sql.connection import open_database
-from tracecal.sql.query import OUTPUT_FORMATS, QueryError, list_runs, result_as_csv, result_as_json, run_query, write_result
+from tracecal.sql.query import (
+    OUTPUT_FORMATS,
+    QueryError,
+    list_runs,
+    result_as_csv,
+    result_as_json,
+    run_query,
+    write_result,
+)
 
 
 def sql(

@@ -75,8 +75,8 @@ def create_views(con: duckdb.DuckDBPyConnection) -> None:
             except duckdb.CatalogException as exc:  # a view it reads is not created yet
                 failed.append((path, exc))
         if len(failed) == len(pending):
-            path, exc = failed[0]
-            raise SchemaError(f"view {path.name} does not bind: {exc}".splitlines()[0])
+            first_path, first_error = failed[0]
+            raise SchemaError(f"view {first_path.name} does not bind: {first_error}".splitlines()[0])
         pending = [p for p, _ in failed]
 
 
