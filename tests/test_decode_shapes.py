@@ -1,0 +1,118 @@
+"""Shape features and op families: the join between traced operators and microbenchmark samples."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from tracecal.decode.shapes import FAMILIES, family_expr, family_of, shape_features, shape_row
+from tracecal.schema import SHAPE_COLUMNS
+
+
+def test_gemm_shapes_and_flops() -> None:
+    mm = shape_row("aten::mm", "[[8,512],[512,1024]]", '["float","float"]')
+    assert (mm["m"], mm["n"], mm["k"], mm["batch"]) == (8, 1024, 512, 1)
+    assert mm["flops"] == 2 * 8 * 1024 * 512
+    assert mm["dtype"] == "float32"
+    assert mm["io_bytes"] == (8 * 512 + 512 * 1024 + 8 * 1024) * 4
+    addmm = shape_row(
+        "aten::addmm", "[[1024],[8,512],[512,1024],[],[]]", '["c10::Half","c10::Half","c10::Half","Scalar","Scalar"]'
+    )
+    assert (addmm["m"], addmm["n"], addmm["k"], addmm["dtype"]) == (8, 1024, 512, "float16")
+    bmm = shape_row("aten::baddbmm", "[[32,64,64],[32,64,128],[32,128,64],[],[]]", '["c10::BFloat16"]*3')
+    assert bmm["dtype"] is None  # unparseable Input type -> NULL dtype, shapes still derived
+    assert (bmm["batch"], bmm["m"], bmm["k"], bmm["n"]) == (32, 64, 128, 64)
+    assert bmm["flops"] == 2 * 32 * 64 * 128 * 64
+    lin = shape_row(
+        "aten::linear", "[[4,128,512],[1024,512],[1024]]", '["c10::BFloat16","c10::BFloat16","c10::BFloat16"]'
+    )
+    assert (lin["m"], lin["n"], lin["k"]) == (512, 1024, 512)
+    mat = shape_row("aten::matmul", "[[2,3,4,5],[2,3,5,6]]", '["float","float"]')
+    assert (mat["batch"], mat["m"], mat["k"], mat["n"]) == (6, 4, 5, 6)
+
+
+def test_attention_causal_from_concrete_inputs() -> None:
+    dims = "[[2,16,1024,64],[2,16,1024,64],[2,16,1024,64],[],[],[],[]]"
+    types = '["c10::BFloat16","c10::BFloat16","c10::BFloat16","Scalar","Scalar","Scalar",""]'
+    causal = shape_row("aten::_scaled_dot_product_flash_attention", dims, types, '["","","","0.0","True","False",""]')
+    full = shape_row("aten::_scaled_dot_product_flash_attention", dims, types, '["","","","0.0","False","True",""]')
+    assert (causal["batch"], causal["heads"], causal["seq_q"], causal["seq_k"], causal["head_dim"]) == (
+        2,
+        16,
+        1024,
+        1024,
+        64,
+    )
+    assert causal["causal"] is True and full["causal"] is False
+    assert full["flops"] == 4 * 2 * 16 * 1024 * 1024 * 64
+    assert causal["flops"] == full["flops"] / 2
+    unknown = shape_row("aten::_scaled_dot_product_flash_attention", dims, types)
+    assert unknown["causal"] is None  # no Concrete Inputs: not guessed
+
+
+def test_other_families_and_missing_is_null() -> None:
+    emb = shape_row(
+        "aten::embedding", "[[50304,1024],[8,512],[],[],[]]", '["float","long int","Scalar","Scalar","Scalar"]'
+    )
+    assert (emb["tokens"], emb["vocab"], emb["hidden"]) == (4096, 50304, 1024)
+    opt = shape_row("aten::_foreach_add_", "[[[10,10],[5]],[[10,10],[5]]]", '["TensorList","TensorList"]')
+    assert opt["params"] == 105
+    norm = shape_row("aten::native_layer_norm", "[[8,512,1024],[],[1024],[1024],[]]", '["c10::Half"]')
+    assert (norm["elements"], norm["hidden"]) == (8 * 512 * 1024, 1024)
+    none = shape_row("aten::mm", None, None)
+    assert all(v is None for v in none.values())
+    weird = shape_row("aten::mm", "not json", "[]")
+    assert all(v is None for v in weird.values())
+
+
+@pytest.mark.parametrize(
+    ("cpu", "kernel", "kind", "family"),
+    [
+        ("aten::mm", "volta_sgemm_128x32_nt", "kernel", "gemm"),
+        (None, "volta_sgemm_128x32_nt", "kernel", "gemm"),
+        (
+            "aten::mm",
+            "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)",
+            "kernel",
+            "comm",
+        ),
+        ("record_param_comms", "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "kernel", "comm"),
+        ("aten::copy_", "Memcpy HtoD (Pageable -> Device)", "memcpy", "memcpy"),
+        ("aten::zero_", "Memset (Device)", "memset", "memset"),
+        ("aten::_softmax", "softmax_warp_forward", "kernel", "softmax"),
+        ("aten::_scaled_dot_product_flash_attention", "flash_fwd_kernel", "kernel", "attention"),
+        ("aten::native_layer_norm", "vectorized_layer_norm_kernel", "kernel", "norm"),
+        ("aten::embedding_dense_backward", "embedding_backward_kernel", "kernel", "embedding"),
+        ("aten::nll_loss_forward", "nll_loss_forward_reduce_cuda_kernel_2d", "kernel", "loss"),
+        ("aten::_fused_adam_", "multi_tensor_apply_kernel", "kernel", "optimizer"),
+        ("aten::gelu", "vectorized_elementwise_kernel", "kernel", "elementwise"),
+        ("aten::add_", None, "cpu_op", "elementwise"),
+        (None, "my_custom_kernel", "kernel", "other"),
+        ("my::custom_op", None, "cpu_op", "other"),
+    ],
+)
+def test_family_scalar_and_expression_agree(cpu: str | None, kernel: str | None, kind: str, family: str) -> None:
+    assert family_of(cpu, kernel, kind) == family
+    frame = pl.DataFrame(
+        {"cpu_op_name": [cpu], "name": [kernel], "kind": [kind]},
+        schema={"cpu_op_name": pl.Utf8, "name": pl.Utf8, "kind": pl.Utf8},
+    )
+    assert frame.select(family_expr()).item() == family
+    assert family in FAMILIES
+
+
+def test_shape_features_frame_matches_scalar() -> None:
+    frame = pl.DataFrame(
+        {
+            "cpu_op_name": ["aten::mm", "aten::mm", "aten::gelu", None],
+            "input_dims": ["[[8,512],[512,1024]]", "[[8,512],[512,1024]]", "[[4,4]]", None],
+            "input_types": ['["float","float"]', '["float","float"]', '["c10::Half"]', None],
+            "x": [1, 2, 3, 4],
+        }
+    )
+    out = shape_features(frame)
+    assert out.height == 4 and out["x"].to_list() == [1, 2, 3, 4]
+    assert set(c.name for c in SHAPE_COLUMNS) <= set(out.columns)
+    assert out["flops"].to_list()[:2] == [2 * 8 * 1024 * 512] * 2
+    assert out["elements"].to_list()[2] == 16 and out["dtype"].to_list()[2] == "float16"
+    assert out.row(3, named=True)["m"] is None

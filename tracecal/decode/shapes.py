@@ -1,0 +1,430 @@
+"""Op families (SPEC §5.1) and shape features (SPEC §6.2) from operator names, Input Dims and Input type.
+
+This module is the join between traced operators and microbenchmark samples: the decoder calls it on
+``operators`` and the samplers/calibration call the same functions on samples, so a feature means the
+same thing on both sides. Pure functions, no I/O.
+
+Public, stable API:
+
+- ``family_of(cpu_op_name, kernel_name=None, kind=None) -> str`` for one operator;
+- ``family_expr(cpu_op_name, kernel_name, kind) -> pl.Expr`` the same rule over a frame;
+- ``shape_row(name, input_dims, input_types, concrete_inputs=None) -> dict`` the SHAPE_COLUMNS of
+  one operator (``input_dims``/``input_types`` as JSON text or already-decoded lists);
+- ``shape_features(frame, name=..., input_dims=..., input_types=..., concrete_inputs=...)`` adds (or
+  replaces) every ``schema.SHAPE_COLUMNS`` column on a polars frame.
+
+Unknown or unparseable shapes leave the features NULL (never 0, never a guess).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+import orjson
+import polars as pl
+
+from tracecal.schema import SHAPE_COLUMNS
+
+FAMILIES = (
+    "gemm",
+    "attention",
+    "softmax",
+    "norm",
+    "elementwise",
+    "embedding",
+    "loss",
+    "optimizer",
+    "memcpy",
+    "memset",
+    "comm",
+    "other",
+)
+"""Every family an operator can have (SPEC §5.1)."""
+
+# Ordered rules: the first family whose CPU-op pattern matches wins; if no CPU-op pattern matches,
+# the first family whose kernel pattern matches wins. Order matters: attention before softmax
+# (flash kernels contain "softmax"), loss before softmax (log_softmax inside cross entropy is
+# classified by its own CPU op), comm first (record_param_comms wraps other ops).
+_RULES: tuple[tuple[str, str, str], ...] = (
+    (
+        "comm",
+        r"(?i)(^nccl|^rccl|^gloo|^c10d::|record_param_comms|^ProcessGroup|all_reduce|allreduce|all_gather"
+        r"|allgather|reduce_scatter|all_to_all|alltoall)",
+        r"(?i)(^nccl|^rccl|ncclDevKernel|ncclKernel)",
+    ),
+    (
+        "attention",
+        r"(?i)(scaled_dot_product|flash_attn|flash_attention|_efficient_attention|FlashAttn|fmha"
+        r"|_cudnn_attention|attention)",
+        r"(?i)(flash_fwd|flash_bwd|flash::|fmha|attention|attn_fwd|attn_bwd)",
+    ),
+    (
+        "gemm",
+        r"(?i)^(aten::(mm|addmm|_addmm_activation|bmm|baddbmm|linear|matmul|mv|addmv|addbmm|einsum"
+        r"|_scaled_mm|_int_mm)|MmBackward|AddmmBackward|BmmBackward|BaddbmmBackward)",
+        r"(?i)(gemm|gemv|cutlass|cublas|Cijk_|wgmma|sm\d+_xmma|nvjet|hipblaslt|rocblas)",
+    ),
+    (
+        "loss",
+        r"(?i)(cross_entropy|nll_loss|mse_loss|binary_cross_entropy|l1_loss|smooth_l1|kl_div|CrossEntropy)",
+        r"(?i)(nll_loss|cross_entropy)",
+    ),
+    (
+        "softmax",
+        r"(?i)(softmax)",
+        r"(?i)(softmax)",
+    ),
+    (
+        "norm",
+        r"(?i)(layer_norm|rms_norm|group_norm|batch_norm|instance_norm|LayerNorm|RMSNorm|FusedLayerNorm|norm_)",
+        r"(?i)(layer_norm|layernorm|rms_norm|rmsnorm|batch_norm|batchnorm|bn_fw|bn_bw|group_norm|welford)",
+    ),
+    (
+        "embedding",
+        r"(?i)(embedding)",
+        r"(?i)(embedding|EmbeddingBag|embedding_bag)",
+    ),
+    (
+        "optimizer",
+        r"(?i)(_fused_adam|_fused_adamw|_fused_sgd|_foreach_|^Optimizer\.step|adam|adagrad|clip_grad"
+        r"|multi_tensor)",
+        r"(?i)(multi_tensor_apply|adam|fused_sgd|adagrad)",
+    ),
+    (
+        "elementwise",
+        r"(?i)^(aten::(add|sub|mul|div|neg|abs|exp|log|sqrt|rsqrt|pow|sigmoid|tanh|relu|gelu|silu|threshold"
+        r"|hardtanh|leaky_relu|dropout|native_dropout|copy_|_to_copy|to|clone|contiguous|fill_|zero_|zeros"
+        r"|ones|full|where|masked_fill|cat|stack|clamp|clamp_min|clamp_max|addcmul|addcdiv|lerp|sum|mean"
+        r"|max|min|amax|argmax|cumsum|sort|index|index_select|index_add|gather|scatter|scatter_add|repeat"
+        r"|expand|flip|roll|tril|triu|bitwise|eq|ne|lt|le|gt|ge|logical|sign|reciprocal|square|erf|sin|cos"
+        r"|floor|ceil|round|fmod|remainder|maximum|minimum|norm|linalg_vector_norm|_foreach|glu|swiglu"
+        r"|rotary|_unsafe_view|view|reshape|permute|transpose|t|narrow|slice|select|split|chunk|squeeze"
+        r"|unsqueeze|flatten|constant_pad_nd|pad|empty|empty_like|zeros_like|ones_like|arange|randperm"
+        r"|rand|randn|bernoulli_|uniform_|normal_|nonzero|unique|bincount|histc)\w*"
+        r"|[A-Za-z]+Backward\d*$)",
+        r"(?i)(elementwise|vectorized|unrolled|reduce_kernel|CatArrayBatchedCopy|FillFunctor|fill_kernel"
+        r"|copy_kernel|index_elementwise|indexSelect|scatter_gather|gatherTopK|radixSort|DeviceScan"
+        r"|DeviceRadix|DeviceReduce|DeviceSelect|DeviceCompact|DeviceSegmented|triu_tril|bitonic|sort"
+        r"|dropout|gelu|silu|relu|tanh|sigmoid|add_kernel|mul_kernel|rotary|RoPE|bias|transpose|permute"
+        r"|fused_dropout|upsample|pooling|pool|im2col|col2im|compute_|kernelPointwise|pointwise|triton_poi"
+        r"|triton_red|triton_per)",
+    ),
+)
+_COMPILED = tuple((fam, re.compile(cpu), re.compile(ker)) for fam, cpu, ker in _RULES)
+
+
+def family_of(cpu_op_name: str | None, kernel_name: str | None = None, kind: str | None = None) -> str:
+    """The op family (SPEC §5.1) of one operator.
+
+    Args:
+        cpu_op_name: the innermost CPU operator (``aten::mm``), or a sample's op; None if unlinked.
+        kernel_name: the GPU kernel name, or None (CPU-only traces, samples).
+        kind: the activity kind (``kernel``, ``memcpy``, ``memset``, ``cpu_op``); memcpy and memset
+            activities are their own families whatever launched them.
+
+    Returns:
+        One of ``FAMILIES``; ``other`` when nothing matches (never a guess).
+    """
+    if kind in ("memcpy", "memset"):
+        return kind
+    if kernel_name is not None and _COMPILED[0][2].search(kernel_name):
+        return "comm"  # an NCCL kernel is communication whatever op launched it
+    if cpu_op_name:
+        for fam, cpu, _ in _COMPILED:
+            if cpu.search(cpu_op_name):
+                return fam
+    if kernel_name:
+        for fam, _, ker in _COMPILED:
+            if ker.search(kernel_name):
+                return fam
+    return "other"
+
+
+def family_expr(
+    cpu_op_name: pl.Expr | str = "cpu_op_name", kernel_name: pl.Expr | str = "name", kind: pl.Expr | str = "kind"
+) -> pl.Expr:
+    """``family_of`` as a polars expression over columns (names or expressions); returns a Utf8 expr."""
+    cpu = pl.col(cpu_op_name) if isinstance(cpu_op_name, str) else cpu_op_name
+    ker = pl.col(kernel_name) if isinstance(kernel_name, str) else kernel_name
+    knd = pl.col(kind) if isinstance(kind, str) else kind
+    expr = pl.when(knd.is_in(["memcpy", "memset"])).then(knd)
+    expr = expr.when(ker.fill_null("").str.contains(_RULES[0][2])).then(pl.lit("comm"))
+    for fam, cpu_re, _ in _RULES:
+        expr = expr.when(cpu.fill_null("").str.contains(cpu_re)).then(pl.lit(fam))
+    for fam, _, ker_re in _RULES:
+        expr = expr.when(ker.fill_null("").str.contains(ker_re)).then(pl.lit(fam))
+    return expr.otherwise(pl.lit("other")).alias("family")
+
+
+# --- shapes ----------------------------------------------------------------------------------------
+
+_DTYPES = {
+    "float": "float32",
+    "float32": "float32",
+    "c10::float": "float32",
+    "double": "float64",
+    "c10::half": "float16",
+    "half": "float16",
+    "float16": "float16",
+    "c10::bfloat16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "c10::float8_e4m3fn": "float8_e4m3fn",
+    "c10::float8_e5m2": "float8_e5m2",
+    "long int": "int64",
+    "long": "int64",
+    "int": "int32",
+    "short int": "int16",
+    "signed char": "int8",
+    "unsigned char": "uint8",
+    "bool": "bool",
+}
+DTYPE_BYTES = {
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+}
+"""Bytes per element of the normalised dtypes."""
+
+
+def normalize_dtype(raw: str | None) -> str | None:
+    """Profiler type strings (``float``, ``c10::Half``, ``c10::BFloat16``, ``Float``) -> torch-style names."""
+    if not raw:
+        return None
+    return _DTYPES.get(raw.strip().lower())
+
+
+def _decode(value: Any) -> Any:
+    if value is None or isinstance(value, list):
+        return value
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def _is_shape(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(d, int) for d in x)
+
+
+def _tensors(dims: list[Any], types: list[Any]) -> list[tuple[list[int], str | None]]:
+    """Tensor arguments as (shape, dtype); scalars/empty args dropped, TensorLists flattened."""
+    out: list[tuple[list[int], str | None]] = []
+    for i, d in enumerate(dims):
+        t = types[i] if i < len(types) else None
+        if _is_shape(d) and d:
+            out.append((d, normalize_dtype(t) if isinstance(t, str) else None))
+        elif isinstance(d, list) and d and all(_is_shape(x) for x in d):  # TensorList
+            out.extend((x, normalize_dtype(t) if isinstance(t, str) else None) for x in d if x)
+    return out
+
+
+def _prod(shape: Sequence[int]) -> int:
+    return math.prod(shape) if shape else 1
+
+
+def _gemm(name: str, ts: list[tuple[list[int], str | None]]) -> dict[str, Any] | None:
+    shapes = [s for s, _ in ts]
+    op = name.split("::")[-1]
+    if op in ("mm",) and len(shapes) >= 2 and len(shapes[0]) == 2 and len(shapes[1]) == 2:
+        (m, k), (_, n) = shapes[0], shapes[1]
+        return {"batch": 1, "m": m, "n": n, "k": k}
+    if op in ("addmm", "_addmm_activation") and len(shapes) >= 3 and len(shapes[1]) == 2 and len(shapes[2]) == 2:
+        (m, k), (_, n) = shapes[1], shapes[2]
+        return {"batch": 1, "m": m, "n": n, "k": k}
+    if op == "bmm" and len(shapes) >= 2 and len(shapes[0]) == 3 and len(shapes[1]) == 3:
+        (b, m, k), (_, _, n) = shapes[0], shapes[1]
+        return {"batch": b, "m": m, "n": n, "k": k}
+    if op == "baddbmm" and len(shapes) >= 3 and len(shapes[1]) == 3 and len(shapes[2]) == 3:
+        (b, m, k), (_, _, n) = shapes[1], shapes[2]
+        return {"batch": b, "m": m, "n": n, "k": k}
+    if op == "linear" and len(shapes) >= 2 and len(shapes[1]) == 2 and shapes[0]:
+        x, w = shapes[0], shapes[1]
+        return {"batch": 1, "m": _prod(x[:-1]), "n": w[0], "k": w[1]}
+    if op == "matmul" and len(shapes) >= 2 and shapes[0] and shapes[1]:
+        a, b_ = shapes[0], shapes[1]
+        if len(b_) == 1:
+            return {"batch": 1, "m": _prod(a[:-1]), "n": 1, "k": b_[0]}
+        if len(b_) == 2:  # broadcasting a 2-D weight folds A's batch dims into M
+            return {"batch": 1, "m": _prod(a[:-1]), "n": b_[1], "k": b_[0]}
+        batch = max(_prod(a[:-2]), _prod(b_[:-2]))
+        return {"batch": batch, "m": a[-2] if len(a) >= 2 else 1, "n": b_[-1], "k": b_[-2]}
+    return None
+
+
+_IS_CAUSAL_ARG = {
+    "scaled_dot_product_attention": 5,
+    "_scaled_dot_product_flash_attention": 4,
+    "_scaled_dot_product_efficient_attention": 6,
+    "_scaled_dot_product_cudnn_attention": 6,
+    "_flash_attention_forward": 7,
+}
+"""Position of ``is_causal`` in Concrete Inputs per attention op (the aten signatures)."""
+
+
+def _attention(name: str, ts: list[tuple[list[int], str | None]], concrete: list[Any]) -> dict[str, Any] | None:
+    shapes = [s for s, _ in ts if len(s) == 4]
+    backward = "backward" in name.lower() or "bwd" in name.lower()
+    if backward and len(shapes) >= 4:  # grad_out, q, k, v
+        shapes = shapes[1:]
+    if len(shapes) < 2:
+        return None
+    q, k = shapes[0], shapes[1]
+    if "flash_attn" in name.lower() and "scaled_dot" not in name.lower():
+        b, sq, h, d = q  # Dao flash_attn layout [batch, seq, heads, head_dim]
+        sk = k[1]
+    else:
+        b, h, sq, d = q  # torch SDPA layout [batch, heads, seq, head_dim]
+        sk = k[2]
+    causal = None
+    op = name.split("::")[-1]
+    pos = _IS_CAUSAL_ARG.get(op)
+    if pos is not None and pos < len(concrete) and concrete[pos] in ("True", "False"):
+        causal = concrete[pos] == "True"
+    return {"batch": b, "heads": h, "seq_q": sq, "seq_k": sk, "head_dim": d, "causal": causal, "_bwd": backward}
+
+
+def _io(ts: list[tuple[list[int], str | None]], out_elements: int | None, nbytes: int | None) -> float | None:
+    if nbytes is None:
+        return None
+    total = sum(_prod(s) for s, _ in ts) + (out_elements or 0)
+    return float(total * nbytes)
+
+
+@lru_cache(maxsize=65536)
+def _shape_row_cached(name: str, dims: str | None, types: str | None, concrete: str | None) -> tuple[Any, ...]:
+    row = shape_row(name, dims, types, concrete)
+    return tuple(row[c.name] for c in SHAPE_COLUMNS)
+
+
+def shape_row(
+    name: str | None,
+    input_dims: str | list[Any] | None,
+    input_types: str | list[Any] | None,
+    concrete_inputs: str | list[Any] | None = None,
+) -> dict[str, Any]:
+    """The SHAPE_COLUMNS of one operator (SPEC §6.2); NULL (None) where not derivable.
+
+    Args:
+        name: CPU operator name (``aten::mm``, ``aten::_scaled_dot_product_flash_attention``, ...).
+        input_dims: Kineto ``Input Dims`` (JSON text or list), e.g. ``[[8,512],[512,1024]]``.
+        input_types: Kineto ``Input type``, e.g. ``["float","float"]``.
+        concrete_inputs: Kineto ``Concrete Inputs`` (used for ``is_causal``).
+
+    Returns:
+        ``{column: value}`` for every column of ``schema.SHAPE_COLUMNS``. GEMM: M, N, K, batch and
+        flops = 2·M·N·K·batch. Attention: batch, heads, seq_q, seq_k, head_dim, causal and flops =
+        4·b·h·sq·sk·d (halved when causal; ×2.5 for backward). Softmax/norm/elementwise/loss:
+        elements of the first tensor. Embedding: tokens, vocab, hidden. Optimizer: params.
+    """
+    out: dict[str, Any] = {c.name: None for c in SHAPE_COLUMNS}
+    if not name:
+        return out
+    dims = _decode(input_dims) or []
+    types = _decode(input_types) or []
+    concrete = _decode(concrete_inputs) or []
+    if not isinstance(dims, list):
+        return out
+    ts = _tensors(dims, types if isinstance(types, list) else [])
+    if not ts:
+        return out
+    dtype = next((t for _, t in ts if t), None)
+    nbytes = DTYPE_BYTES.get(dtype) if dtype else None
+    out["dtype"] = dtype
+    fam = family_of(name)
+    if fam == "gemm":
+        g = _gemm(name, ts)
+        if g:
+            out.update(g)
+            out["flops"] = 2.0 * g["m"] * g["n"] * g["k"] * g["batch"]
+            if nbytes:
+                out["io_bytes"] = float((g["m"] * g["k"] + g["k"] * g["n"] + g["m"] * g["n"]) * g["batch"] * nbytes)
+        return out
+    if fam == "attention":
+        a = _attention(name, ts, concrete if isinstance(concrete, list) else [])
+        if a:
+            bwd = a.pop("_bwd")
+            out.update(a)
+            flops = 4.0 * a["batch"] * a["heads"] * a["seq_q"] * a["seq_k"] * a["head_dim"]
+            if a["causal"]:
+                flops /= 2
+            out["flops"] = flops * (2.5 if bwd else 1.0)
+            out["io_bytes"] = _io(ts, a["batch"] * a["heads"] * a["seq_q"] * a["head_dim"], nbytes)
+        return out
+    first = ts[0][0]
+    if fam == "embedding":
+        # aten::embedding(weight[vocab, hidden], indices[...]); embedding_bag the same order
+        two_d = [s for s, _ in ts if len(s) == 2]
+        if two_d:
+            weight = two_d[0]
+            idx = next((s for s, _ in ts if s is not weight), None)
+            out.update({"vocab": weight[0], "hidden": weight[1], "tokens": _prod(idx) if idx else None})
+            if "backward" in name.lower() and idx is not None:  # grad[tokens, hidden], indices
+                out.update({"tokens": _prod(first[:-1]), "hidden": first[-1], "vocab": None})
+        return out
+    if fam == "optimizer":
+        # foreach/fused optimizers take TensorLists (params, grads, states...): count the first list
+        out["params"] = sum(_prod(s) for s in dims[0] if s) if _is_list_op(dims) else _prod(first)
+        out["elements"] = out["params"]
+        return out
+    if fam == "loss":
+        out["elements"] = _prod(first)
+        if len(first) >= 2:
+            out["tokens"], out["vocab"] = _prod(first[:-1]), first[-1]
+        out["io_bytes"] = _io(ts, None, nbytes)
+        return out
+    if fam in ("softmax", "norm", "elementwise"):
+        out["elements"] = _prod(first)
+        if fam == "norm":
+            out["hidden"] = first[-1]
+        out["io_bytes"] = _io(ts, _prod(first), nbytes)
+        return out
+    return out
+
+
+def _is_list_op(dims: list[Any]) -> bool:
+    """True when the first argument is a TensorList (foreach / fused optimizers)."""
+    return bool(dims) and isinstance(dims[0], list) and bool(dims[0]) and all(_is_shape(x) for x in dims[0])
+
+
+_SHAPE_SCHEMA = {
+    c.name: {"BIGINT": pl.Int64, "BOOLEAN": pl.Boolean, "VARCHAR": pl.Utf8, "DOUBLE": pl.Float64}[c.sql_type]
+    for c in SHAPE_COLUMNS
+}
+
+
+def shape_features(
+    frame: pl.DataFrame,
+    *,
+    name: str = "cpu_op_name",
+    input_dims: str = "input_dims",
+    input_types: str = "input_types",
+    concrete_inputs: str | None = None,
+) -> pl.DataFrame:
+    """``frame`` with every ``schema.SHAPE_COLUMNS`` column filled (replacing existing ones).
+
+    Shapes repeat (a training step runs the same few hundred signatures thousands of times), so
+    features are computed once per distinct (name, dims, types, concrete) and joined back.
+    """
+    keys = [name, input_dims, input_types] + ([concrete_inputs] if concrete_inputs else [])
+    base = frame.drop([c for c in _SHAPE_SCHEMA if c in frame.columns])
+    if frame.height == 0:
+        return base.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in _SHAPE_SCHEMA.items()])
+    distinct = base.select(keys).unique()
+    rows = [_shape_row_cached(r[0] or "", r[1], r[2], r[3] if concrete_inputs else None) for r in distinct.iter_rows()]
+    cols = list(_SHAPE_SCHEMA)
+    feats = pl.DataFrame(rows, schema=_SHAPE_SCHEMA, orient="row") if rows else pl.DataFrame(schema=_SHAPE_SCHEMA)
+    table = pl.concat([distinct, feats.select(cols)], how="horizontal")
+    return base.join(table, on=keys, how="left", nulls_equal=True)
