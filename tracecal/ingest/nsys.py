@@ -1,0 +1,253 @@
+"""Nsight Systems exports -> ``ParsedRank`` objects, the same hand-over the Kineto parser makes.
+
+``parse_nsys_file(path)`` reads one ``.sqlite`` / ``.sqlite.gz`` / ``.nsys-rep`` export (see
+``nsys_source``), maps its tables into ``events`` rows with the Kineto kinds and units
+(``nsys_tables``, ``nsys_nvtx``) and splits the file into ranks.
+
+Ranks. One export may hold several processes and GPUs (``torchrun`` under one ``nsys profile``), or
+one process per file (``nsys profile -o rank%q{RANK}``). A *rank* is a process that ran GPU activity
+(kernel, memcpy or memset); when the export has no GPU activity at all, every process with CUDA API
+calls or NVTX ranges is one. Events of other processes (launchers, shells) are dropped and counted in
+the warnings. The rank number comes from, in order:
+
+1. NCCL's ``ncclCommInitRank`` NVTX payload (``Rank`` in the communicator with the most ranks) when
+   the export was made with payload blobs: ``rank_source = 'nvtx_nccl'``;
+2. otherwise a deterministic order: processes sorted by (lowest CUDA device used, pid); the file's
+   n-th process gets ordinal n. A file with several such processes returns ``rank = ordinal``
+   (``rank_source = 'nsys_order'``); a file with a single process returns ``rank = None`` so that
+   discovery numbers it from the path like a Kineto file (``rank3.sqlite``), and two one-rank files
+   never both claim rank 0 by order alone. ``metadata['nsys_ordinal']`` and
+   ``metadata['nsys_ranks_in_file']`` carry the ordinal for a loader that wants to offset it.
+
+Times. Nsight stores raw monotonic-clock nanoseconds; when the export has
+``TARGET_INFO_SESSION_START_TIME`` they are shifted to UTC epoch nanoseconds (``utcEpochNs -
+systemClockNs``, recorded in ``metadata['nsys_utc_offset_ns']``) so exports from different nodes
+start roughly aligned, like Kineto's epoch-based timestamps. Durations are unchanged.
+
+There are no External ids in Nsight: the CPU operator of a runtime call is the innermost enclosing
+``cpu_op`` NVTX range on the same thread, and a kernel's runtime call shares its ``correlation``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracecal.errors import TraceFormatError
+from tracecal.ingest import nsys_tables as tables
+from tracecal.ingest.nsys_payload import nccl_ranks
+from tracecal.ingest.nsys_source import Export, open_export
+from tracecal.ingest.trace import ParsedRank
+from tracecal.schema import EVENTS, arrow_schema
+
+EVENTS_SCHEMA = arrow_schema(EVENTS)
+
+
+def parse_nsys_file(path: Path) -> list[ParsedRank]:
+    """Parse one Nsight Systems export into one ``ParsedRank`` per rank it holds.
+
+    Args:
+        path: ``*.sqlite``, ``*.sqlite.gz`` or ``*.nsys-rep``.
+
+    Returns:
+        Ranks in ordinal order; each ``events`` table conforms to ``schema.EVENTS`` with ``run_id``
+        null, ``rank`` filled when known, ``event_id`` = position after sorting by (ts_ns, -dur_ns).
+        ``metadata['warnings']`` lists what was missing or skipped (one line each, for the CLI).
+
+    Raises:
+        TraceFormatError: not an Nsight export, unsupported schema, missing required columns, an
+            ``.nsys-rep`` without ``nsys``, or an export with no usable events at all.
+    """
+    path = Path(path)
+    with open_export(path) as export:
+        return _parse(export, path)
+
+
+def _utc_offset(export: Export) -> int | None:
+    if "TARGET_INFO_SESSION_START_TIME" not in export.tables:
+        return None
+    cols = export.columns("TARGET_INFO_SESSION_START_TIME")
+    if "utcEpochNs" not in cols or "systemClockNs" not in cols:
+        return None
+    row = export.con.execute("SELECT utcEpochNs, systemClockNs FROM TARGET_INFO_SESSION_START_TIME").fetchone()
+    if row is None or row[0] is None or row[1] is None:
+        return None
+    normalized = export.export_meta.get("EXPORT_PARAM_TIME_NORMALIZE", "false").lower() == "true"
+    # A normalised export already counts from the session start.
+    return int(row[0]) - (0 if normalized else int(row[1]))
+
+
+def _read_all(export: Export, offset: int, warnings: list[str]) -> pa.Table:
+    parts = []
+    for table, reader in tables.READERS.items():
+        if table in export.tables:
+            parts.append(reader(export, offset))
+    if tables.KERNEL not in export.tables:
+        warnings.append(
+            f"{export.path}: no {tables.KERNEL} table (capture without CUDA kernel trace; profile with "
+            "`nsys profile --trace=cuda,nvtx`): ingesting the other events only"
+        )
+    if "NVTX_EVENTS" not in export.tables:
+        warnings.append(
+            f"{export.path}: no NVTX ranges (no emit_nvtx / NCCL annotations): kernels cannot be linked to "
+            "CPU operators"
+        )
+    if not parts:
+        return tables.ROW_SCHEMA.empty_table()
+    return pa.concat_tables(parts)
+
+
+def _resolve_sync_devices(rows: pa.Table) -> pa.Table:
+    """Fill ``device``/``pid`` of sync records from the (process, context) -> device map of GPU activity."""
+    is_sync = pc.equal(rows.column("kind"), "sync")
+    if not pc.any(is_sync).as_py():
+        return rows
+    gpu = rows.filter(pc.is_in(rows.column("kind"), pa.array(["kernel", "memcpy", "memset"])))
+    ctx_map = (
+        gpu.select(["proc", "context", "device"])
+        .group_by(["proc", "context"])
+        .aggregate([("device", "min")])
+        .rename_columns(["proc", "context", "ctx_device"])
+    )
+    rows = rows.append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
+    joined = rows.join(ctx_map, keys=["proc", "context"], join_type="left outer").sort_by("_row")
+    device = pc.if_else(is_sync, pc.cast(joined.column("ctx_device"), pa.int32()), joined.column("device"))
+    pid = pc.if_else(is_sync, pc.cast(device, pa.int64()), joined.column("pid"))
+    joined = joined.set_column(joined.schema.get_field_index("device"), "device", device)
+    joined = joined.set_column(joined.schema.get_field_index("pid"), "pid", pid)
+    return joined.select(tables.ROW_SCHEMA.names)
+
+
+def _device_names(export: Export) -> dict[tuple[int | None, int], str]:
+    """(pid or None, CUDA device index) -> GPU name, from TARGET_INFO_GPU (absent in trimmed exports)."""
+    if "TARGET_INFO_GPU" not in export.tables or "name" not in export.columns("TARGET_INFO_GPU"):
+        return {}
+    gpus = {int(i): str(n) for i, n in export.con.execute("SELECT id, name FROM TARGET_INFO_GPU") if i is not None}
+    names: dict[tuple[int | None, int], str] = {(None, i): n for i, n in gpus.items()}
+    cols = export.columns("TARGET_INFO_CUDA_DEVICE")
+    if all(c in cols for c in ("gpuId", "cudaId", "pid")):
+        # CUDA_VISIBLE_DEVICES renumbers devices per process: map (pid, cudaId) through gpuId.
+        for gpu_id, cuda_id, pid in export.con.execute("SELECT gpuId, cudaId, pid FROM TARGET_INFO_CUDA_DEVICE"):
+            if gpu_id in gpus and cuda_id is not None:
+                names[(pid, int(cuda_id))] = gpus[gpu_id]
+    return names
+
+
+def _process_names(export: Export) -> dict[int, str]:
+    if "PROCESSES" not in export.tables or not {"pid", "name"} <= set(export.columns("PROCESSES")):
+        return {}
+    return {int(p): str(n) for p, n in export.con.execute("SELECT pid, name FROM PROCESSES") if p is not None}
+
+
+def _order_units(rows: pa.Table) -> tuple[list[int], dict[int, list[int]]]:
+    """The rank processes in ordinal order, and the devices each one used."""
+    gpu = rows.filter(pc.is_in(rows.column("kind"), pa.array(["kernel", "memcpy", "memset"])))
+    gpu = gpu.filter(pc.is_valid(gpu.column("proc")))
+    devices: dict[int, list[int]] = {}
+    if gpu.num_rows:
+        pairs = gpu.group_by(["proc", "device"]).aggregate([]).to_pylist()
+        for pair in pairs:
+            devices.setdefault(pair["proc"], [])
+            if pair["device"] is not None:
+                devices[pair["proc"]].append(pair["device"])
+        procs = list(devices)
+    else:
+        valid = rows.filter(pc.is_valid(rows.column("proc")))
+        procs = pc.unique(valid.column("proc")).to_pylist()
+        devices = {p: [] for p in procs}
+    big = 1 << 62
+    procs.sort(key=lambda p: (min(devices[p]) if devices[p] else big, p))
+    return procs, {p: sorted(d) for p, d in devices.items()}
+
+
+def _events_for(rows: pa.Table, rank: int | None) -> pa.Table:
+    """One process's rows as an ``events`` table: sorted, numbered, run_id null."""
+    rows = rows.sort_by([("ts_ns", "ascending"), ("dur_ns", "descending")])
+    n = rows.num_rows
+    cols: list[pa.Array | pa.ChunkedArray] = []
+    for f in EVENTS_SCHEMA:
+        if f.name == "event_id":
+            cols.append(pa.array(range(n), pa.int64()))
+        elif f.name == "rank":
+            cols.append(pa.array([rank] * n, pa.int32()) if rank is not None else pa.nulls(n, pa.int32()))
+        elif f.name in rows.column_names:
+            cols.append(rows.column(f.name).cast(f.type))
+        else:
+            cols.append(pa.nulls(n, f.type))
+    return pa.table(cols, schema=EVENTS_SCHEMA)
+
+
+def _parse(export: Export, path: Path) -> list[ParsedRank]:
+    warnings: list[str] = []
+    offset = _utc_offset(export)
+    rows = _read_all(export, offset or 0, warnings)
+    if rows.num_rows == 0:
+        raise TraceFormatError(
+            f"{path}: the Nsight export holds no kernels, memory copies, CUDA API calls or NVTX ranges; "
+            "profile with `nsys profile --trace=cuda,nvtx` and export again"
+        )
+    rows = _resolve_sync_devices(rows)
+    unassigned = pc.sum(pc.is_null(rows.column("proc"))).as_py() or 0
+    procs, devices = _order_units(rows)
+    kept = rows.filter(pc.is_in(rows.column("proc"), pa.array(procs, pa.int64())))
+    dropped = rows.num_rows - kept.num_rows - unassigned
+    if dropped:
+        others = pc.unique(rows.filter(pc.invert(pc.fill_null(pc.is_in(rows.column("proc"),
+                                                                         pa.array(procs, pa.int64())), True)))
+                           .column("proc")).to_pylist()  # fmt: skip
+        warnings.append(f"{path}: skipped {dropped} events of {len(others)} process(es) without GPU activity")
+    if unassigned:
+        warnings.append(f"{path}: skipped {unassigned} events with no process id")
+
+    evidence = nccl_ranks(export)
+    device_names = _device_names(export)
+    process_names = _process_names(export)
+    host = export.capture_meta.get("DEVICE_DISPLAY_NAME") or None
+    era = f"nsys-{export.schema_version}" if export.schema_version else "nsys"
+    single = len(procs) == 1
+    result = []
+    for ordinal, proc in enumerate(procs):
+        mine = kept.filter(pc.equal(kept.column("proc"), proc))
+        found = evidence.get(proc)
+        rank: int | None
+        if found is not None:
+            rank, source, world = found.rank, "nvtx_nccl", found.world_size
+        else:
+            rank, source, world = (None if single else ordinal), "nsys_order", None
+        devs = devices.get(proc, [])
+        device_name = None
+        if devs:
+            device_name = device_names.get((proc, devs[0])) or device_names.get((None, devs[0]))
+        names = mine.column("name")
+        nccl = pc.any(pc.fill_null(pc.starts_with(names, "nccl"), False)).as_py()
+        metadata: dict[str, Any] = {
+            "nsys_ordinal": ordinal,
+            "nsys_ranks_in_file": len(procs),
+            "nsys_devices": devs,
+            "nsys_process_name": process_names.get(proc),
+            "nsys_product_version": export.product_version,
+            "nsys_schema_version": export.schema_version,
+            "nsys_utc_offset_ns": offset,
+            "warnings": list(warnings),
+        }
+        result.append(
+            ParsedRank(
+                rank=rank,
+                rank_source=source,
+                events=_events_for(mine, rank),
+                file=path,
+                file_bytes=path.stat().st_size,
+                format="nsys",
+                world_size=world,
+                backend="nccl" if nccl else None,
+                host=host,
+                pid=proc,
+                device_name=device_name,
+                schema_era=era,
+                metadata=metadata,
+            )
+        )
+    return result
