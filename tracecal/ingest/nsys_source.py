@@ -89,9 +89,9 @@ def _cached_sqlite(rep: Path) -> Path:
     nsys = shutil.which("nsys")
     suggested = rep.with_name(rep.name[: -len(".nsys-rep")] + ".sqlite")
     if nsys is None:
-        cmd = " ".join(export_command(rep, suggested))
+        shown = " ".join(export_command(rep, suggested))
         raise TraceFormatError(
-            f"{rep}: Nsight report needs converting and `nsys` is not on PATH; run `{cmd}` "
+            f"{rep}: Nsight report needs converting and `nsys` is not on PATH; run `{shown}` "
             "and ingest the .sqlite file (then move the .nsys-rep out of the run directory)"
         )
     try:
