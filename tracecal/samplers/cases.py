@@ -1,0 +1,405 @@
+"""The compute operators the sampler can time: one ``OpSpec`` per (family, op), and how to build it.
+
+What a sample times (the contract calibrate relies on):
+
+- ``direction = "fwd"``: one call of ``op`` on inputs of the point's shape (e.g. ``aten::mm`` on
+  ``[m, k] x [k, n]``), exactly the call a trace records as that CPU operator.
+- ``direction = "bwd"``: the autograd backward of that call (``torch.autograd.grad`` of its output,
+  the kernels of its ``*Backward0`` node), with the *forward* call's shape columns — the convention of
+  the published samples (a ``linear1`` sample's ``B_dur`` belongs to the forward shape).
+
+Dimension names per op are in ``OP_SPECS[...].dims`` (required) and ``.defaults`` (optional). Families
+follow SPEC §5.1: gemm, attention, softmax, norm, elementwise, embedding, loss, optimizer.
+
+torch is imported inside the builders only (heavy; the CLI imports this module lazily anyway).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tracecal.decode.shapes import shape_row
+from tracecal.errors import SampleError
+from tracecal.samplers.grid import GridPoint
+
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
+"""dtypes a grid may ask for; stored as these names in ``samples.dtype``."""
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+TRACE_TYPE = {"float32": "float", "float16": "c10::Half", "bfloat16": "c10::BFloat16"}
+"""How the profiler spells each dtype in ``Input type`` (for the trace-like record of a sample)."""
+
+
+@dataclass
+class Built:
+    """A point made runnable: ``run()`` is the timed work; ``params`` are facts for ``params_json``
+    (e.g. the attention backend actually used)."""
+
+    run: Callable[[], Any]
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+Builder = Callable[[dict[str, Any], Any, Any], tuple[Callable[[], Any], list[Any]]]
+"""(dims, torch dtype, torch device) -> (forward callable, tensors its backward differentiates)."""
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """One samplable op: family, op name, dimensions (required, and optional with defaults), whether
+    it has a backward, the trace record of its forward call, and its builder."""
+
+    family: str
+    op: str
+    dims: tuple[str, ...]
+    defaults: tuple[tuple[str, Any], ...]
+    has_backward: bool
+    record: Callable[[dict[str, Any], str], tuple[list[Any], list[str], list[str]]]
+    builder: Builder
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+# --- trace records --------------------------------------------------------------------------------
+# What a Kineto trace records for the forward call of a point: (Input Dims, Input type, Concrete Inputs).
+# decode.shapes.shape_row turns these into the shape columns, for samples exactly as for traced operators.
+
+Record = tuple[list[Any], list[str], list[str]]
+
+
+def _record_gemm(op: str) -> Callable[[dict[str, Any], str], Record]:
+    def record(d: dict[str, Any], t: str) -> Record:
+        m, n, k, b = d["m"], d["n"], d["k"], d.get("batch")
+        if op == "aten::mm":
+            return [[m, k], [k, n]], [t, t], ["", ""]
+        if op == "aten::addmm":
+            return [[n], [m, k], [k, n], [], []], [t, t, t, "Scalar", "Scalar"], ["", "", "", "1", "1"]
+        if op == "aten::linear":
+            return [[m, k], [n, k], [n]], [t, t, t], ["", "", ""]
+        if op == "aten::bmm":
+            return [[b, m, k], [b, k, n]], [t, t], ["", ""]
+        return [[b, m, n], [b, m, k], [b, k, n], [], []], [t, t, t, "Scalar", "Scalar"], ["", "", "", "1", "1"]
+
+    return record
+
+
+def _record_attention(d: dict[str, Any], t: str) -> Record:
+    b, h, sq, sk, hd = d["batch"], d["heads"], d["seq_q"], d["seq_k"], d["head_dim"]
+    # aten::scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    dims = [[b, h, sq, hd], [b, h, sk, hd], [b, h, sk, hd], [], [], [], [], []]
+    types = [t, t, t, "", "Scalar", "Scalar", "", "Scalar"]
+    concrete = ["", "", "", "", "0.", str(bool(d["causal"])), "", "False"]
+    return dims, types, concrete
+
+
+def _record_rows(op: str) -> Callable[[dict[str, Any], str], Record]:
+    def record(d: dict[str, Any], t: str) -> Record:
+        x = [d["tokens"], d["hidden"]]
+        h = d["hidden"]
+        if op == "aten::softmax":
+            return [x, [], []], [t, "Scalar", ""], ["", "-1", ""]
+        if op == "aten::layer_norm":
+            return (
+                [x, [], [h], [h], [], []],
+                [t, "ScalarList", t, t, "Scalar", "Scalar"],
+                ["", f"[{h}]", "", "", "1e-05", "True"],
+            )
+        if op == "aten::rms_norm":
+            return [x, [], [h], []], [t, "ScalarList", t, ""], ["", f"[{h}]", "", ""]
+        if op == "aten::gelu":
+            return [x, []], [t, "String"], ["", "none"]
+        if op == "aten::silu":
+            return [x], [t], [""]
+        if op == "aten::add":
+            return [x, x, []], [t, t, "Scalar"], ["", "", "1"]
+        return [x, x], [t, t], ["", ""]  # aten::mul
+
+    return record
+
+
+def _record_embedding(d: dict[str, Any], t: str) -> Record:
+    dims = [[d["vocab"], d["hidden"]], [d["tokens"]], [], [], []]
+    return dims, [t, "long int", "Scalar", "Scalar", "Scalar"], ["", "", "-1", "False", "False"]
+
+
+def _record_loss(d: dict[str, Any], t: str) -> Record:
+    dims = [[d["tokens"], d["vocab"]], [d["tokens"]], [], [], [], []]
+    return dims, [t, "long int", "", "Scalar", "Scalar", "Scalar"], ["", "", "", "1", "-100", "0."]
+
+
+def _record_optimizer(d: dict[str, Any], t: str) -> Record:
+    # The parameters as one TensorList, as the foreach/fused optimizer kernels receive them.
+    return [[[s] for s in _param_sizes(d)]], ["TensorList"], [""]
+
+
+def _param_sizes(d: dict[str, Any]) -> list[int]:
+    total, tensors = d["params"], d["tensors"]
+    if tensors < 1 or total < tensors:
+        raise SampleError(f"optimizer: need 1 ≤ tensors ≤ params (got tensors={tensors}, params={total})")
+    return [total // tensors + (1 if i < total % tensors else 0) for i in range(tensors)]
+
+
+# --- builders --------------------------------------------------------------------------------------
+# Each allocates the point's tensors and returns (forward callable, tensors to differentiate w.r.t.).
+
+
+def _rand(torch: Any, shape: list[int], dtype: Any, device: Any) -> Any:
+    return torch.randn(*shape, dtype=dtype, device=device, requires_grad=True)
+
+
+def _build_gemm(op: str) -> Builder:
+    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+        torch = _torch()
+        m, n, k, b = d["m"], d["n"], d["k"], d.get("batch")
+        if op == "aten::mm":
+            a, w = _rand(torch, [m, k], dtype, device), _rand(torch, [k, n], dtype, device)
+            return (lambda: torch.mm(a, w)), [a, w]
+        if op == "aten::addmm":
+            c, a, w = (
+                _rand(torch, [n], dtype, device),
+                _rand(torch, [m, k], dtype, device),
+                _rand(torch, [k, n], dtype, device),
+            )
+            return (lambda: torch.addmm(c, a, w)), [c, a, w]
+        if op == "aten::linear":
+            x, w, bias = (
+                _rand(torch, [m, k], dtype, device),
+                _rand(torch, [n, k], dtype, device),
+                _rand(torch, [n], dtype, device),
+            )
+            linear = torch.nn.functional.linear
+            return (lambda: linear(x, w, bias)), [x, w, bias]
+        a, w = _rand(torch, [b, m, k], dtype, device), _rand(torch, [b, k, n], dtype, device)
+        if op == "aten::bmm":
+            return (lambda: torch.bmm(a, w)), [a, w]
+        c = _rand(torch, [b, m, n], dtype, device)
+        return (lambda: torch.baddbmm(c, a, w)), [c, a, w]
+
+    return build
+
+
+def _build_attention(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+    torch = _torch()
+    b, h, sq, sk, hd, causal = d["batch"], d["heads"], d["seq_q"], d["seq_k"], d["head_dim"], bool(d["causal"])
+    q = _rand(torch, [b, h, sq, hd], dtype, device)
+    k = _rand(torch, [b, h, sk, hd], dtype, device)
+    v = _rand(torch, [b, h, sk, hd], dtype, device)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return (lambda: sdpa(q, k, v, is_causal=causal)), [q, k, v]
+
+
+def _build_rows(op: str) -> Builder:
+    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+        torch = _torch()
+        f = torch.nn.functional
+        t, h = d["tokens"], d["hidden"]
+        x = _rand(torch, [t, h], dtype, device)
+        if op == "aten::softmax":
+            return (lambda: torch.softmax(x, -1)), [x]
+        if op in ("aten::layer_norm", "aten::rms_norm"):
+            w = torch.ones(h, dtype=dtype, device=device, requires_grad=True)
+            if op == "aten::rms_norm":
+                return (lambda: f.rms_norm(x, (h,), w)), [x, w]
+            bias = torch.zeros(h, dtype=dtype, device=device, requires_grad=True)
+            return (lambda: f.layer_norm(x, (h,), w, bias)), [x, w, bias]
+        if op == "aten::gelu":
+            return (lambda: f.gelu(x)), [x]
+        if op == "aten::silu":
+            return (lambda: f.silu(x)), [x]
+        y = _rand(torch, [t, h], dtype, device)
+        if op == "aten::add":
+            return (lambda: torch.add(x, y)), [x, y]
+        return (lambda: torch.mul(x, y)), [x, y]
+
+    return build
+
+
+def _build_embedding(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+    torch = _torch()
+    w = _rand(torch, [d["vocab"], d["hidden"]], dtype, device)
+    idx = torch.randint(0, d["vocab"], (d["tokens"],), device=device)
+    embedding = torch.nn.functional.embedding
+    return (lambda: embedding(idx, w)), [w]
+
+
+def _build_loss(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+    torch = _torch()
+    logits = _rand(torch, [d["tokens"], d["vocab"]], dtype, device)
+    target = torch.randint(0, d["vocab"], (d["tokens"],), device=device)
+    cross_entropy = torch.nn.functional.cross_entropy
+    return (lambda: cross_entropy(logits, target)), [logits]
+
+
+def _build_optimizer(op: str) -> Builder:
+    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+        torch = _torch()
+        params = [torch.nn.Parameter(torch.randn(s, dtype=dtype, device=device)) for s in _param_sizes(d)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        cls = torch.optim.AdamW if op.endswith("AdamW.step") else torch.optim.Adam
+        opt = cls(params, lr=1e-4)
+        # The first step allocates exp_avg/exp_avg_sq; a training run times steady-state steps, so that
+        # step runs here, untimed (the published sampler timed a fresh optimizer, SPEC §6.5).
+        opt.step()
+        return opt.step, []
+
+    return build
+
+
+def _spec(family: str, op: str, dims: str, record: Any, builder: Any, bwd: bool = True, **defaults: Any) -> OpSpec:
+    return OpSpec(family, op, tuple(dims.split()), tuple(defaults.items()), bwd, record, builder)
+
+
+_ROWS = "tokens hidden"
+OP_SPECS: dict[tuple[str, str], OpSpec] = {
+    (s.family, s.op): s
+    for s in [
+        *(_spec("gemm", op, "m n k", _record_gemm(op), _build_gemm(op))
+          for op in ("aten::mm", "aten::addmm", "aten::linear")),
+        *(_spec("gemm", op, "batch m n k", _record_gemm(op), _build_gemm(op)) for op in ("aten::bmm", "aten::baddbmm")),
+        _spec("attention", "aten::scaled_dot_product_attention", "batch heads seq_q seq_k head_dim",
+              _record_attention, _build_attention, causal=False),
+        _spec("softmax", "aten::softmax", _ROWS, _record_rows("aten::softmax"), _build_rows("aten::softmax")),
+        *(_spec("norm", op, _ROWS, _record_rows(op), _build_rows(op)) for op in ("aten::layer_norm", "aten::rms_norm")),
+        *(_spec("elementwise", op, _ROWS, _record_rows(op), _build_rows(op))
+          for op in ("aten::gelu", "aten::silu", "aten::mul")),
+        # add's backward only passes the gradient through: there is no kernel to time.
+        _spec("elementwise", "aten::add", _ROWS, _record_rows("aten::add"), _build_rows("aten::add"), bwd=False),
+        _spec("embedding", "aten::embedding", "tokens vocab hidden", _record_embedding, _build_embedding),
+        _spec("loss", "aten::cross_entropy_loss", "tokens vocab", _record_loss, _build_loss),
+        *(_spec("optimizer", f"Optimizer.step#{name}.step", "params", _record_optimizer, _build_optimizer(name),
+                bwd=False, tensors=1) for name in ("Adam", "AdamW")),
+    ]
+}  # fmt: skip
+"""Every (family, op) the compute sampler knows."""
+
+FAMILIES = tuple(dict.fromkeys(f for f, _ in OP_SPECS))
+
+
+def spec_for(point: GridPoint) -> OpSpec:
+    """The OpSpec of a point. Raises SampleError for an unknown family/op (listing the known ones)."""
+    spec = OP_SPECS.get((point.family, point.op))
+    if spec is None:
+        known = ", ".join(f"{f}:{o}" for f, o in OP_SPECS)
+        raise SampleError(f"unknown family/op {point.family}:{point.op}; known: {known}")
+    return spec
+
+
+def resolved_dims(point: GridPoint) -> dict[str, Any]:
+    """The point's dimensions with defaults filled in and ``seq`` expanded to ``seq_q``/``seq_k``.
+
+    Raises:
+        SampleError: a required dimension is missing, a dimension is unknown, or a size is not a
+            positive integer.
+    """
+    spec = spec_for(point)
+    dims = dict(spec.defaults)
+    given = dict(point.dims)
+    if "seq" in given and spec.family == "attention":
+        seq = given.pop("seq")
+        given.setdefault("seq_q", seq)
+        given.setdefault("seq_k", seq)
+    dims.update(given)
+    allowed = set(spec.dims) | {k for k, _ in spec.defaults}
+    unknown = sorted(set(dims) - allowed)
+    missing = [d for d in spec.dims if d not in dims]
+    if unknown or missing:
+        raise SampleError(
+            f"{point.family}:{point.op} takes dimensions {', '.join(sorted(allowed))}"
+            + (f"; unknown: {', '.join(unknown)}" if unknown else "")
+            + (f"; missing: {', '.join(missing)}" if missing else "")
+        )
+    for name, value in dims.items():
+        if name == "causal":
+            if not isinstance(value, bool):
+                raise SampleError(f"{point.family}:{point.op}: causal must be true or false, not {value!r}")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise SampleError(f"{point.family}:{point.op}: dimension {name} must be a positive integer, not {value!r}")
+    return dims
+
+
+def trace_record(point: GridPoint) -> tuple[list[Any], list[str], list[str]]:
+    """(Input Dims, Input type, Concrete Inputs) a Kineto trace records for the point's forward call."""
+    if point.dtype not in DTYPE_BYTES:
+        raise SampleError(f"dtype {point.dtype!r} is not one of {', '.join(DTYPE_NAMES)}")
+    return spec_for(point).record(resolved_dims(point), TRACE_TYPE[point.dtype])
+
+
+def shape_columns(point: GridPoint) -> dict[str, Any]:
+    """The ``SHAPE_COLUMNS`` values of a point, for either direction the forward call's: computed by
+    ``decode.shapes.shape_row`` from the trace record, the same function that fills ``operators``.
+
+    Raises:
+        SampleError: unknown op, bad dimensions, or a dtype outside ``DTYPE_NAMES``.
+    """
+    dims, types, concrete = trace_record(point)
+    cols = shape_row(point.op, dims, types, concrete)
+    # A TensorList argument (optimizer) has no element type in a trace; the sampler knows it.
+    cols["dtype"] = cols["dtype"] or point.dtype
+    return cols
+
+
+def build(point: GridPoint, device: str) -> Built:
+    """Allocate the point's tensors on ``device`` and return what to time.
+
+    For ``bwd`` the forward runs once here and ``run`` computes the gradients of its output with the
+    graph retained, so each repeat times the backward alone.
+
+    Raises:
+        SampleError: unknown op, bad dimensions, or ``bwd`` asked of an op without a backward.
+        RuntimeError: torch cannot run the op for this dtype on this device (the caller skips it).
+    """
+    torch = _torch()
+    spec = spec_for(point)
+    dims = resolved_dims(point)
+    if point.direction == "bwd" and not spec.has_backward:
+        raise SampleError(f"{point.op} has no backward to sample; list it with directions: [fwd]")
+    fwd, inputs = spec.builder(dims, getattr(torch, point.dtype), torch.device(device))
+    params: dict[str, Any] = {}
+    if spec.family == "attention":
+        fwd, params["backend"] = _attention_backend(fwd, device, point.dtype)
+    if point.direction == "fwd":
+        no_grad = torch.no_grad
+
+        def run_fwd() -> Any:
+            with no_grad():
+                return fwd()
+
+        return Built(run_fwd, params)
+    out = fwd()
+    grad_out = torch.randn_like(out) if out.dim() else torch.ones_like(out)
+    grad = torch.autograd.grad
+
+    def run_bwd() -> Any:
+        return grad(out, inputs, grad_out, retain_graph=True)
+
+    return Built(run_bwd, params)
+
+
+def _attention_backend(fwd: Callable[[], Any], device: str, dtype: str) -> tuple[Callable[[], Any], str]:
+    """On CUDA with fp16/bf16, pin SDPA to the flash backend when it accepts the shape; else default.
+
+    Pinning matters: the default dispatcher may silently pick the math backend for some shapes, and a
+    sample must say which kernel it timed. (CUDA path: not exercised on the CPU-only CI machine.)
+    """
+    if not device.startswith("cuda") or dtype == "float32":
+        return fwd, "default"
+    torch = _torch()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    def flash() -> Any:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            return fwd()
+
+    try:
+        flash()
+        torch.cuda.synchronize()
+    except RuntimeError:
+        return fwd, "default"
+    return flash, "flash"

@@ -1,0 +1,212 @@
+"""The compute sampler: time grid points and store them as ``samples`` rows.
+
+``sample_compute(con, points, settings)`` validates every point first (a malformed grid fails before
+anything is timed or written), skips the points whose ``sample_id`` is already stored for the cluster
+(resumable: an interrupted run continues where it stopped), times the rest one by one, and writes
+them in batches through the sample store, each batch in one transaction. Points torch cannot run on
+this device/dtype are skipped with the reason torch gave, never faked.
+
+The library never prints: progress goes to an optional callback ``progress(done, total, label)``.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import duckdb
+import msgspec
+import pyarrow as pa
+
+from tracecal.errors import SampleError
+from tracecal.samplers import cases
+from tracecal.samplers.grid import GridPoint
+from tracecal.samplers.timing import SamplerEnv, sampler_env, summarize, time_call
+from tracecal.schema import SAMPLES, arrow_schema
+from tracecal.sql.samples import existing_sample_ids, sample_id, write_samples
+
+SOURCE = "sampler"
+"""``samples.source`` of every row this sampler writes."""
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass(frozen=True)
+class ComputeSettings:
+    """How to sample: where, on what, how often. ``source_file`` names the grid (or run) sampled."""
+
+    cluster: str
+    device: str = "cpu"
+    warmup: int = 3
+    repeats: int = 10
+    source_file: str | None = None
+    threads: int | None = 1
+    """CPU only: torch intra-op threads while sampling (None = torch's default). One by default: on a
+    shared or loaded machine, multi-threaded kernels wait for descheduled workers and a 10 µs softmax
+    measures 16 ms; set it to the thread count of the workload the samples should model."""
+    flush_every_s: float = 10.0
+    """Write finished samples at least this often, so an interruption loses at most this much work."""
+
+
+@dataclass
+class ComputeReport:
+    """What a run did: points planned, already stored, written, and skipped (point, reason)."""
+
+    planned: int = 0
+    already_stored: int = 0
+    written: int = 0
+    skipped: list[tuple[GridPoint, str]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def skipped_reasons(self) -> dict[str, int]:
+        """Skipped points counted by reason."""
+        counts: dict[str, int] = {}
+        for _, reason in self.skipped:
+            counts[reason] = counts.get(reason, 0) + 1
+        return counts
+
+
+def point_sample_id(point: GridPoint, cluster: str, device_name: str) -> str:
+    """The ``sample_id`` a point gets: cluster, source, op, direction, its shape columns, its grid
+    dimensions (some, like the optimizer's tensor count, are not shape columns) and the device."""
+    features = dict(cases.shape_columns(point))
+    features.update({f"dim.{k}": v for k, v in cases.resolved_dims(point).items()})
+    features["device_name"] = device_name
+    return sample_id(cluster, SOURCE, point.op, point.direction, features)
+
+
+def sample_compute(
+    con: duckdb.DuckDBPyConnection,
+    points: Sequence[GridPoint],
+    settings: ComputeSettings,
+    progress: Progress | None = None,
+    extra_params: Callable[[GridPoint], dict[str, Any]] | None = None,
+) -> ComputeReport:
+    """Time ``points`` on ``settings.device`` and upsert them into ``samples``; return a report.
+
+    ``extra_params(point)`` adds facts to a row's ``params_json`` (``--from-run`` records the run and
+    traced phase there).
+
+    Raises:
+        SampleError: a point is malformed (unknown op, bad dimension, dtype), or the device is
+            unavailable; nothing is written in that case.
+    """
+    started = time.perf_counter()
+    env = sampler_env(settings.device)
+    ids = [point_sample_id(p, settings.cluster, env.device_name) for p in points]  # validates every point
+    for p in points:
+        if p.direction == "bwd" and not cases.spec_for(p).has_backward:
+            raise SampleError(f"{p.op} has no backward to sample; list it with directions: [fwd]")
+    report = ComputeReport(planned=len(points))
+    stored = existing_sample_ids(con, settings.cluster)
+    unique = dict(zip(ids, points, strict=True))  # a grid may list a point twice: time it once
+    report.planned = len(unique)
+    todo = [(p, i) for i, p in unique.items() if i not in stored]
+    report.already_stored = len(unique) - len(todo)
+    rows: list[dict[str, Any]] = []
+    last_flush = time.perf_counter()
+    try:
+        with _cpu_threads(settings):
+            for done, (point, sid) in enumerate(todo, start=1):
+                row = _measure(point, sid, settings, env, extra_params)
+                if isinstance(row, str):
+                    report.skipped.append((point, row))
+                else:
+                    rows.append(row)
+                if rows and time.perf_counter() - last_flush >= settings.flush_every_s:
+                    report.written += _flush(con, rows)
+                    rows = []
+                    last_flush = time.perf_counter()
+                if progress is not None:
+                    progress(done, len(todo), f"{point.family} {point.op} {point.direction}")
+    finally:  # keep what was measured, also on Ctrl-C: the next run resumes after it
+        report.written += _flush(con, rows)
+    report.seconds = time.perf_counter() - started
+    return report
+
+
+@contextmanager
+def _cpu_threads(settings: ComputeSettings) -> Iterator[None]:
+    """Set torch's intra-op thread count for the run on CPU and restore it afterwards."""
+    import torch
+
+    if settings.device != "cpu" or settings.threads is None:
+        yield
+        return
+    if settings.threads < 1:
+        raise SampleError(f"--threads must be ≥ 1, not {settings.threads}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(settings.threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _flush(con: duckdb.DuckDBPyConnection, rows: list[dict[str, Any]]) -> int:
+    if not rows:
+        return 0
+    table = pa.Table.from_pylist(rows, schema=arrow_schema(SAMPLES))
+    return write_samples(con, table, origin="compute sampler")
+
+
+def _measure(
+    point: GridPoint,
+    sid: str,
+    settings: ComputeSettings,
+    env: SamplerEnv,
+    extra_params: Callable[[GridPoint], dict[str, Any]] | None,
+) -> dict[str, Any] | str:
+    """One sample row, or the reason torch could not run the point here."""
+    try:
+        built = cases.build(point, settings.device)
+        durations = time_call(built.run, settings.device, settings.warmup, settings.repeats)
+    except (RuntimeError, NotImplementedError) as exc:  # dtype/op unsupported here, or out of memory
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    finally:
+        gc.collect()  # free the point's tensors before the next allocates
+    stats = summarize(durations)
+    input_dims, input_types, concrete = cases.trace_record(point)
+    params: dict[str, Any] = {
+        "dims": cases.resolved_dims(point),
+        "input_dims": input_dims,
+        "input_types": input_types,
+        "concrete_inputs": concrete,
+        "device": settings.device,
+        "warmup": settings.warmup,
+    }
+    if settings.device == "cpu":
+        import torch
+
+        params["threads"] = torch.get_num_threads()
+    params.update(built.params)
+    if extra_params is not None:
+        params.update(extra_params(point))
+    row: dict[str, Any] = {name: None for name in SAMPLES.column_names}
+    row.update(cases.shape_columns(point))
+    row.update(
+        sample_id=sid,
+        cluster=settings.cluster,
+        device_name=env.device_name,
+        host=env.host,
+        family=point.family,
+        op=point.op,
+        direction=point.direction,
+        median_ns=stats.median_ns,
+        min_ns=stats.min_ns,
+        iqr_ns=stats.iqr_ns,
+        repeats=stats.repeats,
+        source=SOURCE,
+        source_file=settings.source_file,
+        params_json=msgspec.json.encode(params).decode(),
+        torch_version=env.torch_version,
+        cuda_version=env.cuda_version,
+        nccl_version=env.nccl_version,
+        sampled_at=datetime.now(timezone.utc).replace(tzinfo=None),
+    )
+    return row
