@@ -1,0 +1,162 @@
+"""Cross-rank steps on the small per-run frames: match collectives, align clocks, best iteration (pure).
+
+Matching (SPEC §5.5): the same collective instance on every member rank gets one ``match_id``; by the
+trace's sequence number / comms id when present, else by order of appearance within the process
+group on each rank. Send/recv pair by (group, sender, receiver, order). An instance is matched only
+when at least two ranks recorded it and they agree on the collective's name.
+
+Clock alignment: collective ends are near-simultaneous on all members, so each rank's offset is the
+median over its matched instances of (instance centre − own end), iterated so that ranks linked only
+through chains of groups converge; offsets are then shifted so the lowest rank has 0. The residual
+is the median absolute difference between a rank's aligned ends and the instance centres.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+
+def match_collectives(collectives: pl.DataFrame) -> pl.DataFrame:
+    """``collectives`` (all ranks of a run) with ``match_id`` filled.
+
+    Args:
+        collectives: rows from ``rank_collectives`` for every rank (``rank``, ``name``, ``group_key``,
+            ``seq_in_group``, ``coll_seq``, ``peer``).
+
+    Returns:
+        The same rows with ``match_id`` (int64; NULL when unmatched), deterministic for a given input.
+    """
+    c = collectives.with_row_index("_row")
+    p2p = pl.col("name").is_in(["send", "recv"]) & pl.col("peer").is_not_null()
+    sender = pl.when(pl.col("name") == "send").then(pl.col("rank")).otherwise(pl.col("peer"))
+    receiver = pl.when(pl.col("name") == "send").then(pl.col("peer")).otherwise(pl.col("rank"))
+    c = c.with_columns(sender.alias("_snd"), receiver.alias("_rcv"))
+    c = c.with_columns(
+        pl.when(p2p)
+        .then(pl.int_range(0, pl.len(), dtype=pl.Int64).over("rank", "group_key", "name", "peer", order_by="ts_ns"))
+        .alias("_p2p_seq")
+    )
+    key = (
+        pl.when(p2p)
+        .then(
+            pl.concat_str(
+                [pl.lit("p"), pl.col("group_key"), pl.col("_snd"), pl.col("_rcv"), pl.col("_p2p_seq")], separator="|"
+            )
+        )
+        .when(pl.col("coll_seq").is_not_null())
+        .then(pl.concat_str([pl.lit("s"), pl.col("group_key"), pl.col("coll_seq")], separator="|"))
+        .when(pl.col("seq_in_group").is_not_null())
+        .then(pl.concat_str([pl.lit("o"), pl.col("group_key"), pl.col("seq_in_group")], separator="|"))
+    )
+    c = c.with_columns(key.alias("_key"))
+    groups = (
+        c.filter(pl.col("_key").is_not_null())
+        .group_by("_key")
+        .agg(
+            pl.col("rank").n_unique().alias("_ranks"),
+            pl.len().alias("_rows"),
+            pl.col("name").n_unique().alias("_names"),
+            pl.col("ts_ns").min().alias("_first"),
+        )
+    )
+    good = groups.filter((pl.col("_ranks") >= 2) & (pl.col("_rows") == pl.col("_ranks")) & (pl.col("_names") == 1))
+    good = good.sort("_first", "_key").with_row_index("match_id").select(pl.col("match_id").cast(pl.Int64), "_key")
+    out = c.join(good, on="_key", how="left").sort("_row")
+    return out.drop(
+        "_row", "_snd", "_rcv", "_p2p_seq", "_key", *(["match_id_right"] if "match_id_right" in out.columns else [])
+    )
+
+
+def clock_offsets(collectives: pl.DataFrame, ranks: list[int], iterations: int = 3) -> pl.DataFrame:
+    """Per-rank clock offset and residual from matched collective ends.
+
+    Args:
+        collectives: matched rows (``rank``, ``match_id``, ``end_ns``).
+        ranks: every rank of the run.
+        iterations: refinement rounds (centres recomputed from aligned ends).
+
+    Returns:
+        ``rank``, ``clock_offset_ns`` (add to the rank's timestamps; 0 for the lowest rank; NULL for
+        a rank with no matched collective in a multi-rank run), ``clock_residual_ns``. A single-rank
+        run has offset 0 and NULL residual.
+    """
+    schema = {"rank": pl.Int32, "clock_offset_ns": pl.Int64, "clock_residual_ns": pl.Int64}
+    if len(ranks) <= 1:
+        return pl.DataFrame(
+            {"rank": ranks, "clock_offset_ns": [0] * len(ranks), "clock_residual_ns": [None] * len(ranks)},
+            schema=schema,
+        )
+    m = collectives.filter(pl.col("match_id").is_not_null()).select("rank", "match_id", "end_ns")
+    offsets = pl.DataFrame({"rank": ranks, "off": [0.0] * len(ranks)}, schema={"rank": pl.Int32, "off": pl.Float64})
+    if m.height == 0:
+        return offsets.select(
+            "rank",
+            pl.lit(None, dtype=pl.Int64).alias("clock_offset_ns"),
+            pl.lit(None, dtype=pl.Int64).alias("clock_residual_ns"),
+        )
+    for _ in range(iterations):
+        a = m.join(offsets, on="rank", how="left").with_columns((pl.col("end_ns") + pl.col("off")).alias("aligned"))
+        a = a.with_columns(pl.col("aligned").median().over("match_id").alias("centre"))
+        upd = a.group_by("rank").agg((pl.col("centre") - pl.col("aligned")).median().alias("delta"))
+        offsets = (
+            offsets.join(upd, on="rank", how="left")
+            .with_columns((pl.col("off") + pl.col("delta").fill_null(0.0)).alias("off"))
+            .drop("delta")
+        )
+    seen = m.select(pl.col("rank").unique())
+    base = offsets.filter(pl.col("rank").is_in(seen["rank"].implode())).sort("rank")["off"][0]
+    offsets = offsets.with_columns((pl.col("off") - base).alias("off"))
+    a = m.join(offsets, on="rank", how="left").with_columns((pl.col("end_ns") + pl.col("off")).alias("aligned"))
+    a = a.with_columns(pl.col("aligned").median().over("match_id").alias("centre"))
+    resid = a.group_by("rank").agg((pl.col("aligned") - pl.col("centre")).abs().median().alias("res"))
+    out = offsets.join(resid, on="rank", how="left").with_columns(
+        pl.when(pl.col("rank").is_in(seen["rank"].implode()))
+        .then(pl.col("off").round(0).cast(pl.Int64))
+        .alias("clock_offset_ns"),
+        pl.col("res").round(0).cast(pl.Int64).alias("clock_residual_ns"),
+    )
+    return out.select("rank", "clock_offset_ns", "clock_residual_ns").sort("rank")
+
+
+def apply_offsets(
+    iterations: pl.DataFrame, collectives: pl.DataFrame, offsets: pl.DataFrame
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Fill ``aligned_*`` columns of iterations and collectives (unknown offset counts as 0)."""
+    off = offsets.select("rank", pl.col("clock_offset_ns").fill_null(0).alias("_off"))
+    it = (
+        iterations.join(off, on="rank", how="left")
+        .with_columns(
+            (pl.coalesce("gpu_start_ns", "cpu_start_ns") + pl.col("_off")).alias("aligned_start_ns"),
+            (pl.coalesce("gpu_end_ns", "cpu_end_ns") + pl.col("_off")).alias("aligned_end_ns"),
+        )
+        .drop("_off")
+    )
+    co = (
+        collectives.join(off, on="rank", how="left")
+        .with_columns((pl.col("ts_ns") + pl.col("_off")).alias("aligned_ts_ns"))
+        .drop("_off")
+    )
+    return it, co
+
+
+def best_iteration(iterations: pl.DataFrame) -> pl.DataFrame:
+    """The run's best iteration: min over iterations of the slowest rank's span (SPEC §5.4).
+
+    Only iterations recorded on every rank compete (when there is at least one such iteration).
+
+    Returns:
+        One row: iteration, dur_ns (the slowest rank's span), slowest_rank, ranks; empty if no iterations.
+    """
+    if iterations.height == 0:
+        return pl.DataFrame(
+            schema={"iteration": pl.Int32, "dur_ns": pl.Int64, "slowest_rank": pl.Int32, "ranks": pl.UInt32}
+        )
+    n = iterations["rank"].n_unique()
+    per = iterations.group_by("iteration").agg(
+        pl.col("dur_ns").max().alias("dur_ns"),
+        pl.col("rank").sort_by("dur_ns", descending=True).first().alias("slowest_rank"),
+        pl.col("rank").n_unique().alias("ranks"),
+    )
+    full = per.filter(pl.col("ranks") == n)
+    pool = full if full.height else per
+    return pool.sort("dur_ns", "iteration").head(1)

@@ -1,0 +1,152 @@
+"""Phase (SPEC §5.2) and component (SPEC §5.3) of every operator of one rank, pure.
+
+Phase evidence, strongest first, evaluated where the CPU launched the work (``launch_ns`` on the
+launching thread):
+
+1. autograd: the CPU operator, or a ``cpu_op`` enclosing the launch on the same thread, is a
+   backward node (``*Backward*``, ``autograd::engine::evaluate_function``) or the operator carries a
+   ``Fwd thread id`` -> ``bwd``;
+2. an optimizer scope on any thread of the process (``Optimizer.step#...``, ``_exec_optimizer_step``,
+   ``## optimizer ##``, ``zero_grad``) -> ``optimizer``;
+3. a backward scope (``## backward ##``, ``_exec_backward_pass``, ``CheckpointFunctionBackward``)
+   -> ``bwd``; a forward scope (``## forward ##``, ``_exec_forward_pass``, ``*.forward``) -> ``fwd``;
+4. position in the iteration: before the iteration's first backward operator -> ``fwd``, up to its
+   last backward operator -> ``bwd``, after it -> ``other``; an iteration with no backward evidence
+   at all (inference, forward-only captures) is ``fwd``. Outside every iteration -> ``other``.
+
+Components: comm operators -> ``comm_<role>`` (``comm_other`` when the role is unknown), memcpy and
+memset -> ``memcpy``, otherwise by phase: ``compute_fwd``, ``compute_bwd``, ``optimizer``, ``other``.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracecal.decode.nesting import covered
+
+AUTOGRAD = r"Backward\d*\b|Backward\d*$|autograd::engine::evaluate_function"
+OPTIMIZER_SCOPE = (
+    r"(?i)^Optimizer\.(step|zero_grad)|_exec_optimizer_step|##\s*(optimizer|zero_grad)\s*##|optimizer_step"
+    r"|optimizer\.step|\bzero_grad\b"
+)
+BACKWARD_SCOPE = r"(?i)##\s*backward\s*##|_exec_backward_pass|CheckpointFunctionBackward|backward_step|\.backward\b"
+FORWARD_SCOPE = r"(?i)##\s*forward\s*##|_exec_forward_pass|forward_step|\.forward\b|^nn\.Module:"
+_SCOPE_KINDS = ("cpu_op", "user_annotation", "python_function", "nvtx")
+
+COMPONENT_ORDER = (
+    "compute_bwd",
+    "compute_fwd",
+    "optimizer",
+    "comm_tp",
+    "comm_pp",
+    "comm_dp",
+    "comm_ep",
+    "comm_other",
+    "memcpy",
+    "other",
+)
+"""Components in priority order: when GPU activities of several components overlap, the instant is
+attributed to the first (so exposed communication is what remains visible beside compute)."""
+
+
+def _coverage(events: pl.DataFrame, pattern: str, pts: pl.DataFrame, lane: tuple[str, ...]) -> pl.DataFrame:
+    iv = events.filter(pl.col("kind").is_in(_SCOPE_KINDS) & pl.col("name").str.contains(pattern)).select(
+        *lane, pl.col("event_id").alias("id"), "ts_ns", "end_ns"
+    )
+    return covered(iv, pts, lane=lane)
+
+
+def assign_phases(events: pl.DataFrame, operators: pl.DataFrame) -> pl.DataFrame:
+    """``operators`` plus ``phase`` (fwd, bwd, optimizer, other) and ``phase_evidence``.
+
+    Args:
+        events: the rank's events with ``end_ns``.
+        operators: frame with event_id, cpu_pid, cpu_tid, launch_ns, cpu_op_name, cpu_fwd_thread_id,
+            iteration.
+    """
+    pts = operators.filter(pl.col("launch_ns").is_not_null()).select(
+        pl.col("cpu_pid").alias("pid"),
+        pl.col("cpu_tid").alias("tid"),
+        pl.col("event_id").alias("qid"),
+        pl.col("launch_ns").alias("t"),
+    )
+    ev = {
+        "_autograd": _coverage(events.filter(pl.col("kind") == "cpu_op"), AUTOGRAD, pts, ("pid", "tid")),
+        "_opt": _coverage(events, OPTIMIZER_SCOPE, pts, ("pid",)),
+        "_bwd": _coverage(events, BACKWARD_SCOPE, pts, ("pid",)),
+        "_fwd": _coverage(events, FORWARD_SCOPE, pts, ("pid",)),
+    }
+    out = operators
+    for col, cov in ev.items():
+        out = out.join(
+            cov.select(pl.col("qid").alias("event_id"), (pl.col("count") > 0).alias(col)), on="event_id", how="left"
+        )
+    autograd = (
+        pl.col("_autograd").fill_null(False)
+        | pl.col("cpu_op_name").fill_null("").str.contains(AUTOGRAD)
+        | pl.col("cpu_fwd_thread_id").is_not_null()
+    )
+    out = out.with_columns(
+        pl.when(autograd)
+        .then(pl.lit("autograd"))
+        .when(pl.col("_opt").fill_null(False))
+        .then(pl.lit("optimizer_scope"))
+        .when(pl.col("_bwd").fill_null(False))
+        .then(pl.lit("backward_scope"))
+        .when(pl.col("_fwd").fill_null(False))
+        .then(pl.lit("forward_scope"))
+        .alias("phase_evidence")
+    )
+    out = out.with_columns(
+        pl.col("phase_evidence")
+        .replace_strict(
+            {"autograd": "bwd", "optimizer_scope": "optimizer", "backward_scope": "bwd", "forward_scope": "fwd"},
+            default=None,
+            return_dtype=pl.Utf8,
+        )
+        .alias("phase")
+    )
+    # position in the iteration for operators without evidence
+    when = pl.coalesce("launch_ns", "ts_ns")
+    bounds = (
+        out.filter((pl.col("phase") == "bwd") & pl.col("iteration").is_not_null())
+        .group_by("iteration")
+        .agg(when.min().alias("_first_bwd"), when.max().alias("_last_bwd"))
+    )
+    out = out.join(bounds, on="iteration", how="left")
+    positional = (
+        pl.when(pl.col("iteration").is_null())
+        .then(pl.lit("other"))
+        .when(pl.col("_first_bwd").is_null() | (when < pl.col("_first_bwd")))
+        .then(pl.lit("fwd"))
+        .when(when <= pl.col("_last_bwd"))
+        .then(pl.lit("bwd"))
+        .otherwise(pl.lit("other"))
+    )
+    out = out.with_columns(
+        pl.coalesce("phase", positional).alias("phase"),
+        pl.col("phase_evidence").fill_null(pl.lit("position")),
+    )
+    return out.drop("_autograd", "_opt", "_bwd", "_fwd", "_first_bwd", "_last_bwd")
+
+
+def component_expr() -> pl.Expr:
+    """Component (SPEC §5.3) from ``family``, ``phase`` and the collective ``role`` columns."""
+    return (
+        pl.when(pl.col("family") == "comm")
+        .then(
+            pl.when(pl.col("role").is_in(["tp", "dp", "pp", "ep"]))
+            .then(pl.lit("comm_") + pl.col("role"))
+            .otherwise(pl.lit("comm_other"))
+        )
+        .when(pl.col("family").is_in(["memcpy", "memset"]))
+        .then(pl.lit("memcpy"))
+        .when(pl.col("phase") == "fwd")
+        .then(pl.lit("compute_fwd"))
+        .when(pl.col("phase") == "bwd")
+        .then(pl.lit("compute_bwd"))
+        .when(pl.col("phase") == "optimizer")
+        .then(pl.lit("optimizer"))
+        .otherwise(pl.lit("other"))
+        .alias("component")
+    )

@@ -1,0 +1,337 @@
+"""Collective and point-to-point instances of one rank, with size, group, role and bandwidth (pure).
+
+An instance is an NCCL/RCCL kernel (``ncclKernel_*``, ``ncclDevKernel_*``) in GPU traces, or a gloo
+work range (``gloo:all_reduce``) in CPU-only traces. Its attributes come, first found wins, from
+the kernel's own collective args (newest Kineto), the enclosing ``record_param_comms`` operator, the
+enclosing ``nccl:*`` / ``gloo:*`` annotation (older traces put Input Dims there), and the enclosing
+``c10d::`` operator, all on the launching thread at the launch time.
+
+Bandwidths follow nccl-tests: algbw = S / t; busbw = algbw × 2(n−1)/n for all-reduce, (n−1)/n for
+all-gather, reduce-scatter and all-to-all (S the total size), 1 for broadcast, reduce, send, recv.
+Bytes per nanosecond are GB/s.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass
+
+import orjson
+import polars as pl
+
+from tracecal.decode.nesting import enclosing
+from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
+
+COMM_KERNEL = r"(?i)^(nccl|rccl)\w*Kernel|^ncclDevKernel|^ncclKernel"
+CPU_WORK = r"^gloo:"
+_ANNOTATION = r"^(nccl|gloo|rccl):"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The run's parallel layout (``runs`` row); any field may be unknown (None)."""
+
+    world_size: int | None = None
+    pp: int | None = None
+    tp: int | None = None
+    dp: int | None = None
+
+
+_COLL_DTYPES = {"byte": "uint8", "char": "int8", "short": "int16", "int": "int32", "long": "int64"}
+
+
+def _coll_dtype(raw: str | None) -> str | None:
+    if not raw:
+        return None
+    return normalize_dtype(raw) or _COLL_DTYPES.get(raw.strip().lower())
+
+
+def normalize_collective(raw: str | None) -> str | None:
+    """A collective/kernel/annotation name -> all_reduce, all_gather, reduce_scatter, all_to_all,
+    broadcast, reduce, send, recv, barrier; None when the name does not say (``SendRecv``, ``Generic``)."""
+    if not raw:
+        return None
+    s = raw.lower()
+    for prefix in ("nccl:", "gloo:", "rccl:", "c10d::"):
+        if s.startswith(prefix):
+            s = s[len(prefix) :]
+    s = s.split("(")[0].replace("_", "").replace("ncclkernel", "").replace("nccldevkernel", "")
+    if "sendrecv" in s:
+        return None
+    for key, name in (
+        ("allreduce", "all_reduce"),
+        ("reducescatter", "reduce_scatter"),
+        ("allgather", "all_gather"),
+        ("alltoall", "all_to_all"),
+        ("broadcast", "broadcast"),
+        ("barrier", "barrier"),
+        ("send", "send"),
+        ("recv", "recv"),
+        ("reduce", "reduce"),
+    ):
+        if key in s:
+            return name
+    return None
+
+
+def busbw_factor(name: str | None, n: int | None) -> float | None:
+    """nccl-tests bus-bandwidth factor for a collective over ``n`` ranks; None when unknown."""
+    if name is None or n is None or n < 1:
+        return None
+    if name == "all_reduce":
+        return 2.0 * (n - 1) / n
+    if name in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (n - 1) / n
+    if name in ("broadcast", "reduce", "send", "recv"):
+        return 1.0
+    return None
+
+
+def _dims_elements(dims: str | None) -> int | None:
+    """Elements of the first tensor in an Input Dims JSON text (TensorLists summed)."""
+    if not dims:
+        return None
+    try:
+        value = orjson.loads(dims)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, list) or not value:
+        return None
+    first = value[0]
+    if isinstance(first, list) and first and all(isinstance(x, list) for x in first):
+        total = 0
+        for t in first:
+            prod = 1
+            for d in t:
+                prod *= d
+            total += prod if t else 0
+        return total or None
+    if isinstance(first, list) and first and all(isinstance(x, int) for x in first):
+        prod = 1
+        for d in first:
+            prod *= d
+        return prod
+    return None
+
+
+def _first_type(types: str | None) -> str | None:
+    if not types:
+        return None
+    try:
+        value = orjson.loads(types)
+    except orjson.JSONDecodeError:
+        return None
+    return normalize_dtype(value[0]) if isinstance(value, list) and value and isinstance(value[0], str) else None
+
+
+def parse_ranks(text: str | None) -> list[int] | None:
+    """``Process Group Ranks`` JSON text -> sorted list of global ranks (None if absent/unparseable)."""
+    if not text:
+        return None
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(value, list) and value and all(isinstance(x, int) for x in value):
+        return sorted(value)
+    return None
+
+
+def role_of_group(ranks: list[int] | None, layout: Layout) -> str | None:
+    """Role of a process group from its global ranks and the run's layout (SPEC §5.3).
+
+    Megatron orders ranks TP fastest, then DP, then PP: a TP group is ``tp`` consecutive ranks, a DP
+    group ``dp`` ranks with stride ``tp``, a PP group ``pp`` ranks with stride ``tp·dp``. The
+    alternative order (TP, then PP, then DP) is checked too; a group that fits neither is None.
+    A group spanning the whole world is the role of the only parallel dimension larger than 1.
+    """
+    if not ranks or layout.tp is None or layout.dp is None or layout.pp is None:
+        return None
+    tp, dp, pp = layout.tp, layout.dp, layout.pp
+    n = len(ranks)
+    world = layout.world_size or tp * dp * pp
+    if n == world:
+        big = [r for r, size in (("tp", tp), ("dp", dp), ("pp", pp)) if size > 1]
+        return big[0] if len(big) == 1 else None
+    stride = ranks[1] - ranks[0] if n > 1 else None
+    if stride is None or any(b - a != stride for a, b in itertools.pairwise(ranks)):
+        return None
+    for order in (("tp", "dp", "pp"), ("tp", "pp", "dp")):
+        sizes = {"tp": tp, "dp": dp, "pp": pp}
+        s = 1
+        for axis in order:
+            if sizes[axis] == n and s == stride and sizes[axis] > 1:
+                return axis
+            s *= sizes[axis]
+    return None
+
+
+SCOPE_ROLES = (
+    ("tp", r"(?i)ModelParallelRegion|ColumnParallel|RowParallel|tensor_parallel|_tp_"),
+    ("pp", r"(?i)send_activations|recv_activations|send_grads|recv_grads|_exec_send|_exec_recv|p2p_communication"),
+    ("dp", r"(?i)_exec_reduce_grads|reduce_grads|allreduce_gradients|DistributedDataParallel|reducer|grad_sync"),
+    ("ep", r"(?i)\bmoe\b|expert|dispatch|combine"),
+)
+"""Framework scopes that say a collective's role when the layout cannot (SPEC §5.3)."""
+_SCOPE_RE = tuple((role, re.compile(p)) for role, p in SCOPE_ROLES)
+
+
+def _enclosing_attrs(events: pl.DataFrame, inst: pl.DataFrame, kind: str, pattern: str, prefix: str) -> pl.DataFrame:
+    src = events.filter((pl.col("kind") == kind) & pl.col("name").str.contains(pattern))
+    iv = src.select("pid", "tid", pl.col("event_id").alias("id"), "ts_ns", "end_ns")
+    pts = inst.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
+        pl.col("cpu_pid").alias("pid"),
+        pl.col("cpu_tid").alias("tid"),
+        pl.col("event_id").alias("qid"),
+        pl.col("launch_ns").alias("t"),
+    )
+    hit = enclosing(iv, pts, lane=("pid", "tid"))
+    cols = [
+        "name",
+        "coll_name",
+        "in_msg_nelems",
+        "out_msg_nelems",
+        "group_size",
+        "coll_dtype",
+        "pg_name",
+        "pg_ranks",
+        "coll_seq",
+        "input_dims",
+        "input_types",
+    ]
+    attrs = src.select(pl.col("event_id").alias("id"), *[pl.col(c).alias(prefix + c) for c in cols])
+    return hit.join(attrs, on="id", how="left").drop("id", "depth").rename({"qid": "event_id"})
+
+
+def rank_collectives(
+    events: pl.DataFrame, operators: pl.DataFrame, *, rank: int, layout: Layout, gpu: bool
+) -> pl.DataFrame:
+    """The collective instances of one rank, before cross-rank matching.
+
+    Args:
+        events: the rank's events with ``end_ns``.
+        operators: the rank's operators with family, launch_ns, cpu_pid, cpu_tid, iteration, scope_name.
+        rank: the global rank.
+        layout: the run's parallel layout.
+        gpu: the rank has GPU activity (instances are NCCL kernels) or not (gloo work ranges).
+
+    Returns:
+        ``schema.COLLECTIVES`` columns except match_id/aligned_ts_ns (NULL), plus ``group_key`` (how
+        instances of one group are recognised on every rank), ``coll_seq`` and ``end_ns``.
+    """
+    if gpu:
+        inst = operators.filter((pl.col("kind") == "kernel") & pl.col("name").str.contains(COMM_KERNEL))
+    else:
+        inst = operators.filter(pl.col("name").str.contains(CPU_WORK))
+    inst = inst.select(
+        "event_id", "name", "ts_ns", "dur_ns", "stream", "iteration", "launch_ns", "cpu_pid", "cpu_tid", "scope_name"
+    )
+    own_cols = [
+        "coll_name",
+        "in_msg_nelems",
+        "out_msg_nelems",
+        "group_size",
+        "coll_dtype",
+        "pg_name",
+        "pg_ranks",
+        "coll_seq",
+        "input_dims",
+        "input_types",
+    ]
+    own = events.select("event_id", *[pl.col(c).alias("k_" + c) for c in own_cols])
+    inst = inst.join(own, on="event_id", how="left")
+    for kind, pattern, prefix in (
+        ("cpu_op", r"^record_param_comms$", "r_"),
+        ("user_annotation", _ANNOTATION, "a_"),
+        ("cpu_op", r"^c10d::", "c_"),
+    ):
+        inst = inst.join(_enclosing_attrs(events, inst, kind, pattern, prefix), on="event_id", how="left")
+
+    def first(field: str, prefixes: str = "kra") -> pl.Expr:
+        return pl.coalesce([pl.col(p + "_" + field) for p in prefixes])
+
+    rows = inst.with_columns(
+        first("in_msg_nelems").alias("_in"),
+        first("out_msg_nelems").alias("_out"),
+        first("group_size").alias("_gsize"),
+        first("pg_name").alias("pg_name"),
+        first("pg_ranks").alias("pg_ranks"),
+        first("coll_seq").alias("coll_seq"),
+        first("coll_dtype").alias("_cdtype"),
+        first("coll_name").alias("_cname"),
+        pl.coalesce(pl.col("k_input_dims"), pl.col("a_input_dims"), pl.col("r_input_dims")).alias("_dims"),
+        pl.coalesce(pl.col("k_input_types"), pl.col("a_input_types"), pl.col("r_input_types")).alias("_types"),
+    )
+    records = []
+    for r in rows.iter_rows(named=True):
+        name = (
+            normalize_collective(r["_cname"])
+            or normalize_collective(r["a_name"])
+            or normalize_collective(r["c_name"])
+            or normalize_collective(r["name"])
+            or "other"
+        )
+        ranks = parse_ranks(r["pg_ranks"])
+        gsize = r["_gsize"] or (len(ranks) if ranks else None) or layout.world_size
+        dtype = _coll_dtype(r["_cdtype"]) or _first_type(r["_types"])
+        nbytes = DTYPE_BYTES.get(dtype) if dtype else None
+        elems = max([x for x in (r["_in"], r["_out"]) if x is not None], default=None)
+        if elems is None:
+            elems = _dims_elements(r["_dims"])
+            if elems is not None and name == "all_gather" and gsize:
+                elems *= gsize  # the annotation shows the local shard; nccl-tests S is the total
+        size = elems * nbytes if elems is not None and nbytes else None
+        role = role_of_group(ranks, layout)
+        if role is None:
+            scope = " ".join(x for x in (r["scope_name"], r["c_name"]) if x)
+            role = next((ro for ro, pat in _SCOPE_RE if scope and pat.search(scope)), None)
+        if role is None and gsize and layout.world_size and gsize == layout.world_size:
+            big = [a for a, s in (("tp", layout.tp), ("dp", layout.dp), ("pp", layout.pp)) if s and s > 1]
+            role = big[0] if len(big) == 1 else None
+        peer = None
+        if name in ("send", "recv") and ranks and len(ranks) == 2 and rank in ranks:
+            peer = ranks[0] if ranks[1] == rank else ranks[1]
+        factor = busbw_factor(name, gsize)
+        dur = r["dur_ns"]
+        algbw = size / dur if size is not None and dur else None
+        records.append(
+            {
+                "event_id": r["event_id"],
+                "name": name,
+                "ts_ns": r["ts_ns"],
+                "dur_ns": dur,
+                "dtype": dtype,
+                "pg_name": r["pg_name"],
+                "pg_ranks": orjson.dumps(ranks).decode() if ranks else None,
+                "peer": peer,
+                "role": role or "unknown",
+                "iteration": r["iteration"],
+                "stream": r["stream"],
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * factor if algbw is not None and factor is not None else None,
+                "size_bytes": size,
+                "group_size": gsize,
+                "coll_seq": r["coll_seq"],
+                "linked": r["launch_ns"] is not None,
+            }
+        )
+    schema = {
+        "event_id": pl.Int64, "name": pl.Utf8, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "dtype": pl.Utf8,
+        "pg_name": pl.Utf8, "pg_ranks": pl.Utf8, "peer": pl.Int32, "role": pl.Utf8, "iteration": pl.Int32,
+        "stream": pl.Int32, "algbw_gbps": pl.Float64, "busbw_gbps": pl.Float64, "size_bytes": pl.Int64,
+        "group_size": pl.Int32, "coll_seq": pl.Int64, "linked": pl.Boolean,
+    }  # fmt: skip
+    out = pl.DataFrame(records, schema=schema, orient="row")
+    out = out.with_columns(
+        pl.lit(rank, dtype=pl.Int32).alias("rank"),
+        pl.coalesce(pl.col("pg_name"), pl.col("pg_ranks"), pl.lit("default")).alias("group_key"),
+        (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"),
+    ).sort("ts_ns", "event_id")
+    # order within the group on this rank; instances launched before the capture (no CPU side)
+    # are not numbered: another rank may not have recorded them at all
+    return out.with_columns(
+        pl.when(pl.col("linked") | ~pl.col("linked").any())
+        .then(pl.int_range(0, pl.len(), dtype=pl.Int64).over(pl.col("group_key"), pl.col("linked")))
+        .alias("seq_in_group")
+    )

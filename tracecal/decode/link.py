@@ -1,0 +1,231 @@
+"""Link GPU activity to the runtime call and CPU operator that issued it (one rank, pure).
+
+Rules (SPEC §3.2, §3.3):
+
+- kernel / memcpy / memset -> runtime call by ``correlation`` (CUPTI correlation id; Kineto and Nsight);
+- runtime call -> CPU operator by ``External id`` when a ``cpu_op`` carries that id and encloses the
+  call on the same thread; otherwise the innermost ``cpu_op`` enclosing the call on the same thread by
+  time (Nsight has no external ids; Kineto uses correlation-valued ids for some launches);
+- a GPU activity without a runtime call (sampled traces) -> CPU operator by its own External id;
+- otherwise unlinked: kept, with ``link = 'none'``.
+
+CPU-only traces (no GPU activity): the operators are the leaf CPU operators (no ``cpu_op`` nested in
+them) plus the asynchronous ``gloo:*`` work ranges, each its own CPU operator (``link = 'self'``).
+
+The frame returned here has the identity and linking columns of ``schema.OPERATORS`` plus helper
+columns used by the later steps (``cpu_pid``, ``launch_ns``, ``cpu_fwd_thread_id``,
+``cpu_concrete_inputs``); ``classify`` and ``shapes`` fill the rest.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+
+from tracecal.decode.nesting import enclosing, parents
+
+GPU_KINDS = ("kernel", "memcpy", "memset")
+RUNTIME_KINDS = ("cuda_runtime", "cuda_driver")
+PROFILER_STEP = r"^ProfilerStep#\d+$"
+CPU_COMM_WORK = r"^gloo:"
+"""Names of CPU ranges that are the communication work itself (gloo runs it on its own threads)."""
+
+
+def with_end(events: pl.DataFrame) -> pl.DataFrame:
+    """Events plus ``end_ns`` (``ts_ns + dur_ns``; a missing duration counts as an instant)."""
+    return events.with_columns((pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"))
+
+
+def _cpu_ops(events: pl.DataFrame) -> pl.DataFrame:
+    return events.filter((pl.col("kind") == "cpu_op") & ~pl.col("name").str.contains(PROFILER_STEP))
+
+
+def has_gpu_activity(events: pl.DataFrame) -> bool:
+    """True when the rank recorded any kernel, memcpy or memset."""
+    return events.filter(pl.col("kind").is_in(GPU_KINDS)).height > 0
+
+
+_CPU_COLS = {
+    "event_id": "cpu_op_event_id",
+    "name": "cpu_op_name",
+    "ts_ns": "cpu_op_ts_ns",
+    "dur_ns": "cpu_op_dur_ns",
+    "input_dims": "input_dims",
+    "input_types": "input_types",
+    "concrete_inputs": "cpu_concrete_inputs",
+    "sequence_number": "sequence_number",
+    "fwd_thread_id": "cpu_fwd_thread_id",
+}
+
+
+def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
+    """One row per GPU activity of one rank, linked to its runtime call and innermost CPU operator.
+
+    Args:
+        events: one rank's events (``schema.EVENTS`` columns) plus ``end_ns`` (see ``with_end``).
+
+    Returns:
+        Columns: event_id, kind, name, ts_ns, dur_ns, device, stream, correlation, runtime_event_id,
+        runtime_name, runtime_ts_ns, runtime_dur_ns, cpu_pid, cpu_tid, cpu_op_event_id, cpu_op_name,
+        cpu_op_ts_ns, cpu_op_dur_ns, input_dims, input_types, cpu_concrete_inputs, sequence_number,
+        cpu_fwd_thread_id, link, launch_ns (when the CPU issued the work: the runtime call's start,
+        else the CPU operator's start; NULL when unlinked).
+    """
+    gpu = events.filter(pl.col("kind").is_in(GPU_KINDS)).select(
+        "event_id",
+        "kind",
+        "name",
+        "ts_ns",
+        "dur_ns",
+        "device",
+        "stream",
+        "correlation",
+        pl.col("external_id").alias("_gpu_ext"),
+    )
+    runtime = (
+        events.filter(pl.col("kind").is_in(RUNTIME_KINDS) & pl.col("correlation").is_not_null())
+        .sort("event_id")
+        .unique(subset=["correlation"], keep="first")
+        .select(
+            "correlation",
+            pl.col("event_id").alias("runtime_event_id"),
+            pl.col("name").alias("runtime_name"),
+            pl.col("ts_ns").alias("runtime_ts_ns"),
+            pl.col("dur_ns").alias("runtime_dur_ns"),
+            pl.col("pid").alias("cpu_pid"),
+            pl.col("tid").alias("cpu_tid"),
+            pl.col("external_id").alias("_rt_ext"),
+        )
+    )
+    ops = gpu.join(runtime, on="correlation", how="left")
+    cpu = _cpu_ops(events)
+    cpu_by_ext = (
+        cpu.filter(pl.col("external_id").is_not_null())
+        .sort("event_id")
+        .unique(subset=["external_id"], keep="first")
+        .select(
+            pl.col("external_id").alias("_ext"),
+            pl.col("event_id").alias("_ext_op"),
+            pl.col("pid").alias("_ext_pid"),
+            pl.col("tid").alias("_ext_tid"),
+            pl.col("ts_ns").alias("_ext_ts"),
+            pl.col("end_ns").alias("_ext_end"),
+        )
+    )
+    ops = ops.with_columns(pl.coalesce("_rt_ext", "_gpu_ext").alias("_ext")).join(cpu_by_ext, on="_ext", how="left")
+    has_rt = pl.col("runtime_event_id").is_not_null()
+    # an External id link is trusted only if the operator encloses the runtime call on its thread
+    ext_ok = pl.col("_ext_op").is_not_null() & (
+        ~has_rt
+        | (
+            (pl.col("_ext_tid") == pl.col("cpu_tid"))
+            & (pl.col("_ext_ts") <= pl.col("runtime_ts_ns"))
+            & (pl.col("runtime_ts_ns") < pl.col("_ext_end"))
+        )
+    )
+    ops = ops.with_columns(pl.when(ext_ok).then(pl.col("_ext_op")).alias("_ext_op"))
+    # time fallback: innermost cpu_op enclosing the runtime call on the same thread
+    need = ops.filter(pl.col("_ext_op").is_null() & has_rt).select(
+        pl.col("cpu_pid").alias("pid"),
+        pl.col("cpu_tid").alias("tid"),
+        pl.col("event_id").alias("qid"),
+        pl.col("runtime_ts_ns").alias("t"),
+    )
+    intervals = cpu.select("pid", "tid", pl.col("event_id").alias("id"), "ts_ns", "end_ns")
+    by_time = enclosing(intervals, need, lane=("pid", "tid")).select(
+        pl.col("qid").alias("event_id"), pl.col("id").alias("_time_op")
+    )
+    ops = ops.join(by_time, on="event_id", how="left")
+    ops = ops.with_columns(
+        pl.coalesce("_ext_op", "_time_op").alias("cpu_op_event_id"),
+        pl.when(pl.col("_ext_op").is_not_null())
+        .then(pl.lit("external_id"))
+        .when(pl.col("_time_op").is_not_null())
+        .then(pl.lit("time"))
+        .otherwise(pl.lit("none"))
+        .alias("link"),
+    )
+    cpu_cols = cpu.select(
+        *[pl.col(src).alias(dst) for src, dst in _CPU_COLS.items()],
+        pl.col("pid").alias("_op_pid"),
+        pl.col("tid").alias("_op_tid"),
+    )
+    ops = ops.join(cpu_cols, on="cpu_op_event_id", how="left")
+    ops = ops.with_columns(
+        pl.coalesce("cpu_pid", "_op_pid").alias("cpu_pid"),
+        pl.coalesce("cpu_tid", "_op_tid").alias("cpu_tid"),
+        pl.coalesce("runtime_ts_ns", "cpu_op_ts_ns").alias("launch_ns"),
+    )
+    return ops.select(
+        "event_id",
+        "kind",
+        "name",
+        "ts_ns",
+        "dur_ns",
+        "device",
+        "stream",
+        "correlation",
+        "runtime_event_id",
+        "runtime_name",
+        "runtime_ts_ns",
+        "runtime_dur_ns",
+        "cpu_pid",
+        "cpu_tid",
+        *_CPU_COLS.values(),
+        "link",
+        "launch_ns",
+    ).sort("event_id")
+
+
+def cpu_leaf_operators(events: pl.DataFrame) -> pl.DataFrame:
+    """Operators of a CPU-only rank: leaf ``cpu_op`` events plus ``gloo:*`` work ranges.
+
+    Same columns as ``link_gpu_operators``; the CPU operator of each row is the row itself.
+    """
+    cpu = _cpu_ops(events)
+    par = parents(cpu.select("pid", "tid", pl.col("event_id").alias("id"), "ts_ns", "end_ns"), lane=("pid", "tid"))
+    has_child = par.filter(pl.col("parent_id").is_not_null()).select(pl.col("parent_id").alias("event_id")).unique()
+    leaves = cpu.join(has_child, on="event_id", how="anti")
+    work = events.filter((pl.col("kind") == "user_annotation") & pl.col("name").str.contains(CPU_COMM_WORK))
+    rows = pl.concat([leaves, work], how="vertical_relaxed").sort("event_id")
+    return rows.select(
+        "event_id",
+        "kind",
+        "name",
+        "ts_ns",
+        "dur_ns",
+        "device",
+        "stream",
+        "correlation",
+        pl.lit(None, dtype=pl.Int64).alias("runtime_event_id"),
+        pl.lit(None, dtype=pl.Utf8).alias("runtime_name"),
+        pl.lit(None, dtype=pl.Int64).alias("runtime_ts_ns"),
+        pl.lit(None, dtype=pl.Int64).alias("runtime_dur_ns"),
+        pl.col("pid").alias("cpu_pid"),
+        pl.col("tid").alias("cpu_tid"),
+        *[pl.col(src).alias(dst) for src, dst in _CPU_COLS.items()],
+        pl.lit("self").alias("link"),
+        pl.col("ts_ns").alias("launch_ns"),
+    )
+
+
+def outermost_scope(events: pl.DataFrame, operators: pl.DataFrame, exclude: str = PROFILER_STEP) -> pl.DataFrame:
+    """``operators`` plus ``scope_name``: the outermost user annotation enclosing the launch on its thread.
+
+    Args:
+        events: the rank's events with ``end_ns``.
+        operators: frame with ``event_id``, ``cpu_pid``, ``cpu_tid``, ``launch_ns``.
+        exclude: regex of annotation names that are not framework scopes (iteration markers).
+    """
+    ann = events.filter((pl.col("kind") == "user_annotation") & ~pl.col("name").str.contains(exclude))
+    ann = ann.filter(~pl.col("name").str.contains(CPU_COMM_WORK))
+    pts = operators.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
+        pl.col("cpu_pid").alias("pid"),
+        pl.col("cpu_tid").alias("tid"),
+        pl.col("event_id").alias("qid"),
+        pl.col("launch_ns").alias("t"),
+    )
+    iv = ann.select("pid", "tid", pl.col("event_id").alias("id"), "ts_ns", "end_ns")
+    hit = enclosing(iv, pts, lane=("pid", "tid"), outermost=True)
+    names = ann.select(pl.col("event_id").alias("id"), pl.col("name").alias("scope_name"))
+    hit = hit.join(names, on="id", how="left").select(pl.col("qid").alias("event_id"), "scope_name")
+    return operators.join(hit, on="event_id", how="left")
