@@ -280,6 +280,9 @@ SAMPLES = Table(
         *SHAPE_COLUMNS,
         ("collective", "VARCHAR", "collective name for comm samples"),
         *COMM_COLUMNS,
+        ("pooled", "BOOLEAN", "comm sample from a file pooling several topologies (gpumodeling25 NCCL "
+         "files without the _N_G suffix; the same rows also come from the per-topology files); "
+         "false for per-topology files, NULL for compute and measured samples"),
         ("median_ns", "DOUBLE", "median duration over repeats, ns"),
         ("min_ns", "DOUBLE", "minimum duration, ns"),
         ("iqr_ns", "DOUBLE", "inter-quartile range of durations, ns; NULL when one repeat"),

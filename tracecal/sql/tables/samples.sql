@@ -31,6 +31,7 @@ CREATE TABLE IF NOT EXISTS samples (
     group_size    INTEGER,
     nodes         INTEGER,
     gpus_per_node INTEGER,
+    pooled        BOOLEAN,
     median_ns     DOUBLE,
     min_ns        DOUBLE,
     iqr_ns        DOUBLE,
@@ -75,6 +76,7 @@ COMMENT ON COLUMN samples.size_bytes IS 'collective payload in bytes (nccl-tests
 COMMENT ON COLUMN samples.group_size IS 'ranks in the process group';
 COMMENT ON COLUMN samples.nodes IS 'nodes spanned by the group, when known';
 COMMENT ON COLUMN samples.gpus_per_node IS 'GPUs per node of the group''s ranks, when known';
+COMMENT ON COLUMN samples.pooled IS 'comm sample from a file pooling several topologies (gpumodeling25 NCCL files without the _N_G suffix; the same rows also come from the per-topology files); false for per-topology files, NULL for compute and measured samples';
 COMMENT ON COLUMN samples.median_ns IS 'median duration over repeats, ns';
 COMMENT ON COLUMN samples.min_ns IS 'minimum duration, ns';
 COMMENT ON COLUMN samples.iqr_ns IS 'inter-quartile range of durations, ns; NULL when one repeat';
