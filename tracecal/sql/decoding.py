@@ -1,0 +1,203 @@
+"""Decode a stored run: read each rank's events from DuckDB, write operators, collectives, iterations.
+
+Called inside the loader's per-run transaction after the run's events, ranks and runs rows are in
+place (``tracecal.sql.load``); callable again on its own to re-decode (e.g. with another
+``--iteration-marker``): the run's derived rows are replaced. Never opens or commits a transaction.
+
+Memory: one rank's events at a time; the cross-rank steps work on the small collectives and
+iterations frames only.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+
+from tracecal.decode.align import apply_offsets, best_iteration, clock_offsets, match_collectives
+from tracecal.decode.collectives import Layout
+from tracecal.decode.rank import decode_rank
+from tracecal.errors import RunNotFoundError
+from tracecal.schema import COLLECTIVES, ITERATIONS, OPERATORS, Table, arrow_schema
+from tracecal.sql.connection import query_arrow
+
+
+@dataclass(frozen=True)
+class DecodeSummary:
+    """What decoding a run produced (figures for the ingest summary and ``tracecal iterations``).
+
+    Attributes:
+        run_id: the run.
+        ranks: ranks decoded.
+        operators: operator rows written.
+        unlinked_operators: operators without a CPU operator (kept, counted).
+        linked_kernel_share: share of kernel time linked to a CPU operator (0-1); None without kernels.
+        collectives: collective instance rows written.
+        matched_instances: distinct match ids (instances seen on at least two ranks).
+        unmatched_collectives: collective rows without a match id in a multi-rank run.
+        iterations: iteration rows written (all ranks).
+        markers_found: every rank had iteration markers (else: one iteration per rank, said so).
+        best_iteration: the run's best iteration (SPEC §5.4), None when there is none.
+        best_iteration_ns: the slowest rank's span of the best iteration.
+        seconds: wall time of the decode.
+    """
+
+    run_id: str
+    ranks: int
+    operators: int
+    unlinked_operators: int
+    linked_kernel_share: float | None
+    collectives: int
+    matched_instances: int
+    unmatched_collectives: int
+    iterations: int
+    markers_found: bool
+    best_iteration: int | None
+    best_iteration_ns: int | None
+    seconds: float
+
+
+def _insert(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame) -> None:
+    if frame.height == 0:
+        return
+    arrow = frame.select(table.column_names).to_arrow().cast(arrow_schema(table))
+    con.register("_tracecal_decode_batch", arrow)
+    try:
+        con.execute(f"INSERT INTO {table.name} SELECT * FROM _tracecal_decode_batch")  # name from schema
+    finally:
+        con.unregister("_tracecal_decode_batch")
+
+
+def _layout(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[Layout, int | None, int | None]:
+    row = con.execute(
+        "SELECT world_size, pp, tp, dp, nodes, gpus_per_node FROM runs WHERE run_id = ?", [run_id]
+    ).fetchone()
+    if row is None:
+        raise RunNotFoundError(f"run {run_id!r} is not in the database; list runs with: tracecal runs")
+    world, pp, tp, dp, nodes, gpn = row
+    return Layout(world_size=world, pp=pp, tp=tp, dp=dp), nodes, gpn
+
+
+def _topology(collectives: pl.DataFrame, world_size: int | None, nodes: int | None, gpn: int | None) -> pl.DataFrame:
+    """nodes / gpus_per_node of each instance's group, when the run's GPUs per node is known
+    (ranks are placed node-major: rank // gpus_per_node is the node)."""
+    if gpn is None or gpn <= 0:
+        return collectives.with_columns(
+            pl.lit(None, dtype=pl.Int32).alias("nodes"), pl.lit(None, dtype=pl.Int32).alias("gpus_per_node")
+        )
+    ranks = pl.col("pg_ranks").str.json_decode(dtype=pl.List(pl.Int64))
+    per_node = ranks.list.eval((pl.element() // gpn).unique_counts().max()).list.first()
+    n_nodes = ranks.list.eval((pl.element() // gpn).n_unique()).list.first()
+    world_group = pl.col("pg_ranks").is_null()
+    return collectives.with_columns(
+        pl.when(world_group).then(pl.lit(nodes)).otherwise(n_nodes).cast(pl.Int32).alias("nodes"),
+        pl.when(world_group)
+        .then(pl.lit(min(gpn, world_size) if world_size else gpn))
+        .otherwise(per_node)
+        .cast(pl.Int32)
+        .alias("gpus_per_node"),
+    )
+
+
+def decode_stored_run(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    *,
+    iteration_marker: str | None = None,
+    on_rank: Callable[[int], None] | None = None,
+) -> DecodeSummary:
+    """Decode the run's stored events into ``operators``, ``collectives`` and ``iterations``.
+
+    Also sets ``ranks.clock_offset_ns`` / ``clock_residual_ns`` and ``runs.iteration_marker``.
+
+    Args:
+        con: an open database connection (the caller owns any transaction).
+        run_id: a run whose ``runs``, ``ranks`` and ``events`` rows are stored.
+        iteration_marker: regex delimiting iterations; None means ``ProfilerStep#N``.
+        on_rank: called with each rank after it is decoded (progress reporting).
+
+    Raises:
+        RunNotFoundError: the run is not in the database.
+        TraceFormatError: ``iteration_marker`` is not a valid regex.
+    """
+    started = time.perf_counter()
+    layout, nodes, gpn = _layout(con, run_id)
+    for table in (OPERATORS, COLLECTIVES, ITERATIONS):
+        con.execute(f"DELETE FROM {table.name} WHERE run_id = ?", [run_id])  # name from schema
+    ranks = [r[0] for r in con.execute("SELECT rank FROM ranks WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()]
+    if not ranks:
+        ranks = [
+            r[0]
+            for r in con.execute("SELECT DISTINCT rank FROM events WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()
+        ]
+    collectives: list[pl.DataFrame] = []
+    iterations: list[pl.DataFrame] = []
+    n_ops = unlinked = 0
+    kernel_ns = linked_ns = 0
+    markers = True
+    for rank in ranks:
+        events = pl.from_arrow(
+            query_arrow(con, "SELECT * FROM events WHERE run_id = ? AND rank = ? ORDER BY event_id", [run_id, rank])
+        )
+        assert isinstance(events, pl.DataFrame)
+        decoded = decode_rank(events, rank=rank, layout=layout, marker=iteration_marker)
+        del events
+        ops = decoded.operators.with_columns(pl.lit(run_id).alias("run_id"))
+        _insert(con, OPERATORS, ops)
+        n_ops += ops.height
+        unlinked += ops.filter(pl.col("cpu_op_event_id").is_null()).height
+        kernels = ops.filter(pl.col("kind") == "kernel")
+        kernel_ns += int(kernels["dur_ns"].sum() or 0)
+        linked_ns += int(kernels.filter(pl.col("cpu_op_event_id").is_not_null())["dur_ns"].sum() or 0)
+        collectives.append(decoded.collectives)
+        iterations.append(decoded.iterations)
+        markers = markers and decoded.markers_found
+        del ops, kernels, decoded
+        if on_rank is not None:
+            on_rank(rank)
+
+    if not ranks:
+        raise RunNotFoundError(f"run {run_id!r} has no stored ranks; re-ingest it (trace-ingest RUN_DIR)")
+    colls = pl.concat(collectives, how="vertical_relaxed")
+    its = pl.concat(iterations, how="vertical_relaxed")
+    if len(ranks) > 1:
+        colls = match_collectives(colls)
+    else:  # a single rank has nobody to match with
+        colls = colls.with_columns(pl.lit(None, dtype=pl.Int64).alias("match_id"))
+    offsets = clock_offsets(colls, ranks)
+    its, colls = apply_offsets(its, colls, offsets)
+    for row in offsets.iter_rows(named=True):
+        con.execute(
+            "UPDATE ranks SET clock_offset_ns = ?, clock_residual_ns = ? WHERE run_id = ? AND rank = ?",
+            [row["clock_offset_ns"], row["clock_residual_ns"], run_id, row["rank"]],
+        )
+    con.execute(
+        "UPDATE runs SET iteration_marker = ? WHERE run_id = ?", [iteration_marker or "^ProfilerStep#(\\d+)$", run_id]
+    )
+    if colls.height:
+        colls = _topology(colls, layout.world_size, nodes, gpn).with_columns(pl.lit(run_id).alias("run_id"))
+        _insert(con, COLLECTIVES, colls)
+    if its.height:
+        _insert(con, ITERATIONS, its.with_columns(pl.lit(run_id).alias("run_id")))
+    best = best_iteration(its)
+    multi = len(ranks) > 1 and colls.height > 0
+    return DecodeSummary(
+        run_id=run_id,
+        ranks=len(ranks),
+        operators=n_ops,
+        unlinked_operators=unlinked,
+        linked_kernel_share=linked_ns / kernel_ns if kernel_ns else None,
+        collectives=colls.height,
+        matched_instances=int(colls["match_id"].n_unique() - (1 if colls["match_id"].null_count() else 0))
+        if colls.height
+        else 0,
+        unmatched_collectives=int(colls["match_id"].null_count()) if multi else 0,
+        iterations=its.height,
+        markers_found=markers,
+        best_iteration=int(best["iteration"][0]) if best.height else None,
+        best_iteration_ns=int(best["dur_ns"][0]) if best.height else None,
+        seconds=time.perf_counter() - started,
+    )
