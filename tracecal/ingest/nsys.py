@@ -81,44 +81,39 @@ def _utc_offset(export: Export) -> int | None:
 
 
 def _read_all(export: Export, offset: int, warnings: list[str]) -> pa.Table:
-    parts = []
-    for table, reader in tables.READERS.items():
-        if table in export.tables:
-            parts.append(reader(export, offset))
+    strings = tables.Strings.load(export)
+    parts = {t: reader(export, offset, strings) for t, reader in tables.READERS.items() if t in export.tables}
+    if tables.SYNC in parts:
+        gpu = [parts[t] for t in tables.GPU_TABLES if t in parts]
+        parts[tables.SYNC] = _resolve_sync_devices(parts[tables.SYNC], gpu)
     if tables.KERNEL not in export.tables:
         warnings.append(
             f"{export.path}: no {tables.KERNEL} table (capture without CUDA kernel trace; profile with "
             "`nsys profile --trace=cuda,nvtx`): ingesting the other events only"
         )
-    if "NVTX_EVENTS" not in export.tables:
+    if tables.NVTX not in export.tables:
         warnings.append(
             f"{export.path}: no NVTX ranges (no emit_nvtx / NCCL annotations): kernels cannot be linked to "
             "CPU operators"
         )
     if not parts:
         return tables.ROW_SCHEMA.empty_table()
-    return pa.concat_tables(parts)
+    return pa.concat_tables(list(parts.values()))
 
 
-def _resolve_sync_devices(rows: pa.Table) -> pa.Table:
+def _resolve_sync_devices(sync: pa.Table, gpu: list[pa.Table]) -> pa.Table:
     """Fill ``device``/``pid`` of sync records from the (process, context) -> device map of GPU activity."""
-    is_sync = pc.equal(rows.column("kind"), "sync")
-    if not pc.any(is_sync).as_py():
-        return rows
-    gpu = rows.filter(pc.is_in(rows.column("kind"), pa.array(["kernel", "memcpy", "memset"])))
-    ctx_map = (
-        gpu.select(["proc", "context", "device"])
-        .group_by(["proc", "context"])
-        .aggregate([("device", "min")])
-        .rename_columns(["proc", "context", "ctx_device"])
-    )
-    rows = rows.append_column("_row", pa.array(range(rows.num_rows), pa.int64()))
-    joined = rows.join(ctx_map, keys=["proc", "context"], join_type="left outer").sort_by("_row")
-    device = pc.if_else(is_sync, pc.cast(joined.column("ctx_device"), pa.int32()), joined.column("device"))
-    pid = pc.if_else(is_sync, pc.cast(device, pa.int64()), joined.column("pid"))
-    joined = joined.set_column(joined.schema.get_field_index("device"), "device", device)
-    joined = joined.set_column(joined.schema.get_field_index("pid"), "pid", pid)
-    return joined.select(tables.ROW_SCHEMA.names)
+    ctx_device: dict[tuple[int, int], int] = {}
+    for part in gpu:
+        pairs = part.group_by(["proc", "context"]).aggregate([("device", "min")])
+        for row in pairs.to_pylist():
+            key = (row["proc"], row["context"])
+            if row["device_min"] is not None:
+                ctx_device[key] = min(row["device_min"], ctx_device.get(key, row["device_min"]))
+    keys = zip(sync.column("proc").to_pylist(), sync.column("context").to_pylist(), strict=True)
+    device = pa.array([ctx_device.get(k) for k in keys], pa.int32())
+    sync = sync.set_column(sync.schema.get_field_index("device"), "device", device)
+    return sync.set_column(sync.schema.get_field_index("pid"), "pid", pc.cast(device, pa.int64()))
 
 
 def _device_names(export: Export) -> dict[tuple[int | None, int], str]:
@@ -189,7 +184,6 @@ def _parse(export: Export, path: Path) -> list[ParsedRank]:
             f"{path}: the Nsight export holds no kernels, memory copies, CUDA API calls or NVTX ranges; "
             "profile with `nsys profile --trace=cuda,nvtx` and export again"
         )
-    rows = _resolve_sync_devices(rows)
     unassigned = pc.sum(pc.is_null(rows.column("proc"))).as_py() or 0
     procs, devices = _order_units(rows)
     kept = rows.filter(pc.is_in(rows.column("proc"), pa.array(procs, pa.int64())))

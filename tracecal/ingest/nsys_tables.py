@@ -1,10 +1,12 @@
 """Read the activity tables of an Nsight export into Arrow, one reader per source table.
 
-Each reader runs one SQL query on the export (names resolved through ``StringIds`` by SQLite
-itself), fetches the rows in chunks and builds every Arrow column with one ``pa.array`` call per
-column and chunk — no per-row dicts, no pandas. The result conforms to ``ROW_SCHEMA``: the
-``events`` columns an Nsight table can fill, plus ``proc`` (the process id, used to split the file
-into ranks) and ``context`` (the CUDA context, used to find the device of synchronisation records).
+Each reader runs one SQL query on the export, fetches the rows in chunks and builds every Arrow
+column with one ``pa.array`` call per column and chunk — no per-row dicts, no pandas. Names are
+fetched as ``StringIds`` ids and resolved with one Arrow ``take`` against the strings the export
+references (``Strings``), so a kernel name is materialised once, not once per launch. The result
+conforms to ``ROW_SCHEMA``: the ``events`` columns an Nsight table can fill, plus ``proc`` (the
+process id, used to split the file into ranks) and ``context`` (the CUDA context, used to find the
+device of synchronisation records).
 
 Units and conventions match the Kineto parser: times are int64 ns, GPU activity has ``pid`` = device
 and ``tid`` = stream, CPU activity has the OS ``pid``/``tid`` decoded from ``globalTid``
@@ -16,6 +18,7 @@ and ``tid`` = stream, CPU activity has the OS ``pid``/``tid`` decoded from ``glo
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -94,6 +97,37 @@ def _fetch(export: Export, sql: str, params: tuple[object, ...], schema: pa.Sche
     return pa.Table.from_batches(batches, schema=schema)
 
 
+@dataclass(frozen=True)
+class Strings:
+    """The ``StringIds`` rows an export's activity tables reference, for vectorised lookup."""
+
+    ids: pa.Array
+    values: pa.Array
+
+    @classmethod
+    def load(cls, export: Export) -> Strings:
+        refs = []
+        for table, column in ((KERNEL, "demangledName"), (KERNEL, "shortName"), (RUNTIME, "nameId"),
+                              (NVTX, "textId")):  # fmt: skip
+            if column in export.columns(table):
+                refs.append(f"SELECT {column} FROM {table}")
+        if not refs:
+            return cls(pa.array([], pa.int64()), pa.array([], pa.string()))
+        sql = f"SELECT id, value FROM StringIds WHERE id IN ({' UNION '.join(refs)})"
+        table = _fetch(export, sql, (), pa.schema([("id", pa.int64()), ("value", pa.string())]))
+        return cls(table.column("id").combine_chunks(), table.column("value").combine_chunks())
+
+    def lookup(self, ids: pa.ChunkedArray | pa.Array) -> pa.Array:
+        """String of each id; null for null or unknown ids."""
+        return pc.take(self.values, pc.index_in(ids, value_set=self.ids))
+
+
+def _dims(raw: pa.Table, cols: tuple[str, str, str]) -> pa.Array:
+    """Three integer columns -> compact JSON text ``[x,y,z]`` (Kineto's grid/block format)."""
+    parts = [pc.cast(raw.column(c), pa.string()) for c in cols]
+    return pc.binary_join_element_wise("[", parts[0], ",", parts[1], ",", parts[2], "]", "")
+
+
 def _require(export: Export, table: str, columns: tuple[str, ...]) -> list[str]:
     present = export.columns(table)
     missing = [c for c in columns if c not in present]
@@ -119,26 +153,28 @@ def _finish(raw: pa.Table, const: dict[str, str | None]) -> pa.Table:
     return pa.table(cols, schema=ROW_SCHEMA)
 
 
-def read_kernels(export: Export, offset_ns: int) -> pa.Table:
+def read_kernels(export: Export, offset_ns: int, strings: Strings) -> pa.Table:
     """``CUPTI_ACTIVITY_KIND_KERNEL`` -> kind ``kernel`` (demangled name, grid/block as JSON)."""
     present = _require(export, KERNEL, ("start", "end", "deviceId", "streamId", "correlationId", "globalPid"))
     name_col = next((c for c in ("demangledName", "shortName") if c in present), None)
     if name_col is None:
         raise TraceFormatError(f"{export.path}: {KERNEL} has neither demangledName nor shortName; re-export")
-    has_dims = all(c in present for c in ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ"))
-    grid = "'[' || k.gridX || ',' || k.gridY || ',' || k.gridZ || ']'" if has_dims else "NULL"
-    block = "'[' || k.blockX || ',' || k.blockY || ',' || k.blockZ || ']'" if has_dims else "NULL"
+    dims = ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ")
+    has_dims = all(c in present for c in dims)
+    dim_sql = ", ".join(f"k.{c}" if has_dims else "NULL" for c in dims)
     context = "k.contextId" if "contextId" in present else "NULL"
     sql = (
         f"SELECT k.start + ?, {_DUR.format(t='k')}, {_PID.format(col='k.globalPid')}, k.deviceId, k.streamId, "
-        f"k.correlationId, s.value, {grid}, {block}, {context} "
-        f"FROM {KERNEL} k LEFT JOIN StringIds s ON s.id = k.{name_col}"
+        f"k.correlationId, k.{name_col}, {dim_sql}, {context} FROM {KERNEL} k"
     )
     schema = pa.schema([("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("proc", pa.int64()),
                         ("device", pa.int32()), ("stream", pa.int32()), ("correlation", pa.int64()),
-                        ("name", pa.string()), ("grid", pa.string()), ("block", pa.string()),
+                        ("name_id", pa.int64()), *[(c, pa.int64()) for c in dims],
                         ("context", pa.int64())])  # fmt: skip
     raw = _fetch(export, sql, (offset_ns,), schema)
+    raw = raw.append_column("name", strings.lookup(raw.column("name_id")))
+    raw = raw.append_column("grid", _dims(raw, ("gridX", "gridY", "gridZ")))
+    raw = raw.append_column("block", _dims(raw, ("blockX", "blockY", "blockZ")))
     raw = raw.append_column("pid", pc.cast(raw.column("device"), pa.int64()))
     raw = raw.append_column("tid", pc.cast(raw.column("stream"), pa.int64()))
     return _finish(raw, {"kind": "kernel", "category": KERNEL})
@@ -161,7 +197,7 @@ def _read_memory(export: Export, table: str, kind: str, name_sql: str, offset_ns
     return _finish(raw, {"kind": kind, "category": table})
 
 
-def read_memcpy(export: Export, offset_ns: int) -> pa.Table:
+def read_memcpy(export: Export, offset_ns: int, strings: Strings) -> pa.Table:
     """``CUPTI_ACTIVITY_KIND_MEMCPY`` -> kind ``memcpy`` named ``Memcpy HtoD (Pageable -> Device)``."""
     present = export.columns(MEMCPY)
     if all(c in present for c in ("copyKind", "srcKind", "dstKind")):
@@ -176,13 +212,13 @@ def read_memcpy(export: Export, offset_ns: int) -> pa.Table:
     return _read_memory(export, MEMCPY, "memcpy", name, offset_ns)
 
 
-def read_memset(export: Export, offset_ns: int) -> pa.Table:
+def read_memset(export: Export, offset_ns: int, strings: Strings) -> pa.Table:
     """``CUPTI_ACTIVITY_KIND_MEMSET`` -> kind ``memset`` named ``Memset (Device)``."""
     kind_sql = _case("m.memKind", _MEM_KIND, "Unknown") if "memKind" in export.columns(MEMSET) else "'Unknown'"
     return _read_memory(export, MEMSET, "memset", f"'Memset (' || {kind_sql} || ')'", offset_ns)
 
 
-def read_runtime(export: Export, offset_ns: int) -> pa.Table:
+def read_runtime(export: Export, offset_ns: int, strings: Strings) -> pa.Table:
     """``CUPTI_ACTIVITY_KIND_RUNTIME`` -> ``cuda_runtime`` (or ``cuda_driver`` for driver API calls).
 
     Nsight stores both APIs in one table; ``eventClass`` 1 (or a ``cu``-but-not-``cuda`` name in
@@ -192,23 +228,21 @@ def read_runtime(export: Export, offset_ns: int) -> pa.Table:
     event_class = "r.eventClass" if "eventClass" in present else "NULL"
     sql = (
         f"SELECT r.start + ?, {_DUR.format(t='r')}, {_PID.format(col='r.globalTid')}, "
-        f"{_TID.format(col='r.globalTid')}, r.correlationId, s.value, {event_class} "
-        f"FROM {RUNTIME} r LEFT JOIN StringIds s ON s.id = r.nameId"
+        f"{_TID.format(col='r.globalTid')}, r.correlationId, r.nameId, {event_class} FROM {RUNTIME} r"
     )
     schema = pa.schema([("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()),
-                        ("correlation", pa.int64()), ("name", pa.string()), ("event_class", pa.int64())])  # fmt: skip
+                        ("correlation", pa.int64()), ("name_id", pa.int64()), ("event_class", pa.int64())])  # fmt: skip
     raw = _fetch(export, sql, (offset_ns,), schema)
     # cudaLaunchKernel_v7000 -> cudaLaunchKernel: Kineto names carry no API-version suffix.
-    name = pc.replace_substring_regex(raw.column("name"), r"_v\d+$", "")
+    name = pc.replace_substring_regex(strings.lookup(raw.column("name_id")), r"_v\d+$", "")
     by_name = pc.and_(pc.starts_with(name, "cu"), pc.invert(pc.starts_with(name, "cuda")))
     driver = pc.if_else(pc.is_valid(raw.column("event_class")), pc.equal(raw.column("event_class"), 1), by_name)
     kind = pc.if_else(pc.fill_null(driver, False), "cuda_driver", "cuda_runtime")
-    raw = raw.set_column(raw.schema.get_field_index("name"), "name", name)
-    raw = raw.append_column("kind", kind).append_column("proc", raw.column("pid"))
+    raw = raw.append_column("name", name).append_column("kind", kind).append_column("proc", raw.column("pid"))
     return _finish(raw.drop_columns(["event_class"]), {"category": RUNTIME})
 
 
-def read_sync(export: Export, offset_ns: int) -> pa.Table:
+def read_sync(export: Export, offset_ns: int, strings: Strings) -> pa.Table:
     """``CUPTI_ACTIVITY_KIND_SYNCHRONIZATION`` -> kind ``sync`` (``Event Sync``, ``Stream Sync``, ...).
 
     Event synchronisations carry no stream (CUPTI writes 0xFFFFFFFF): ``stream`` is null for them.
@@ -230,26 +264,26 @@ def read_sync(export: Export, offset_ns: int) -> pa.Table:
     return _finish(raw, {"kind": "sync", "category": SYNC})
 
 
-def read_nvtx(export: Export, offset_ns: int) -> pa.Table:
+def read_nvtx(export: Export, offset_ns: int, strings: Strings) -> pa.Table:
     """``NVTX_EVENTS`` ranges -> ``cpu_op`` / ``user_annotation`` (see ``nsys_nvtx``).
 
     The text is ``text`` when inline, else the ``StringIds`` string of ``textId``; ranges without an
     end (still open when capture stopped) keep a null duration.
     """
     present = _require(export, NVTX, ("start", "end", "eventType", "globalTid"))
-    text = "COALESCE(n.text, s.value)" if "textId" in present else "n.text"
-    join = "LEFT JOIN StringIds s ON s.id = n.textId" if "textId" in present else ""
-    if "text" not in present:
-        text = "s.value" if "textId" in present else "NULL"
+    text = "n.text" if "text" in present else "NULL"
+    text_id = "n.textId" if "textId" in present else "NULL"
     tid_col = "COALESCE(n.globalTid, n.endGlobalTid)" if "endGlobalTid" in present else "n.globalTid"
     types = ", ".join(str(t) for t in NVTX_RANGE_TYPES)
     sql = (
         f"SELECT n.start + ?, {_DUR.format(t='n')}, {_PID.format(col=tid_col)}, {_TID.format(col=tid_col)}, "
-        f"{text} FROM {NVTX} n {join} WHERE n.eventType IN ({types})"
+        f"{text}, {text_id} FROM {NVTX} n WHERE n.eventType IN ({types})"
     )
     schema = pa.schema([("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()),
-                        ("text", pa.string())])  # fmt: skip
+                        ("text", pa.string()), ("text_id", pa.int64())])  # fmt: skip
     raw = _fetch(export, sql, (offset_ns,), schema)
+    text_arr = pc.coalesce(raw.column("text"), strings.lookup(raw.column("text_id")))
+    raw = raw.drop_columns(["text", "text_id"]).append_column("text", text_arr)
     classified = classify_nvtx(raw.column("text"))
     raw = raw.drop_columns(["text"])
     for f in classified.schema:
@@ -258,7 +292,7 @@ def read_nvtx(export: Export, offset_ns: int) -> pa.Table:
     return _finish(raw, {"category": NVTX})
 
 
-READERS: dict[str, Callable[[Export, int], pa.Table]] = {
+READERS: dict[str, Callable[[Export, int, Strings], pa.Table]] = {
     KERNEL: read_kernels,
     MEMCPY: read_memcpy,
     MEMSET: read_memset,

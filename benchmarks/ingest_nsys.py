@@ -1,0 +1,130 @@
+"""Nsight export ingest speed: tracecal's reader vs a naive row-dict reader, in one run.
+
+    python benchmarks/ingest_nsys.py                 # the shared 2xH100 export, plus a 20x replica
+    python benchmarks/ingest_nsys.py --copies 50 --repeat 5
+
+Cases, each timed ``--repeat`` times (best run reported):
+- ``parse_nsys_file(.sqlite.gz)``: what ``trace-ingest`` does (decompression included);
+- ``parse_nsys_file(.sqlite)``: the same on the decompressed file;
+- ``naive dicts``: ``SELECT *`` per table with ``sqlite3.Row`` dicts, names looked up in a Python
+  dict, ``pa.Table.from_pylist`` (the pattern tracecal avoids) — same tables, no NVTX parsing;
+- the same two readers on a replica whose activity tables hold ``--copies`` copies of the rows
+  (times shifted by the capture window), to see throughput beyond start-up costs.
+
+Prints rows/s, MB/s of the input file and each case's time relative to tracecal on the same file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+
+from tracecal.ingest import nsys_tables
+from tracecal.ingest.nsys import parse_nsys_file
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "nsys" / "mfu_2gpu_after.sqlite.gz"
+WINDOW_NS = 300_000_000  # the shared export is trimmed to 300 ms
+
+
+def naive_rows(path: Path) -> int:
+    """The straightforward reader: one dict per row, then Arrow from the dicts."""
+    con = sqlite3.connect(path)
+    con.row_factory = sqlite3.Row
+    strings = dict(con.execute("SELECT id, value FROM StringIds").fetchall())
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    n = 0
+    for table in nsys_tables.READERS:
+        if table not in tables:
+            continue
+        records = []
+        for row in con.execute(f"SELECT * FROM {table}"):
+            d = dict(row)
+            for key in ("demangledName", "nameId", "textId"):
+                if d.get(key) is not None:
+                    d[key] = strings.get(d[key])
+            d["dur_ns"] = d["end"] - d["start"] if d["end"] is not None else None
+            d.pop("binaryData", None)
+            records.append(d)
+        n += pa.Table.from_pylist(records).num_rows
+    con.close()
+    return n
+
+
+def tracecal_rows(path: Path) -> int:
+    return sum(r.events.num_rows for r in parse_nsys_file(path))
+
+
+def replicate(src: Path, dst: Path, copies: int) -> None:
+    """Append ``copies - 1`` time-shifted copies of every activity table's rows."""
+    shutil.copy(src, dst)
+    con = sqlite3.connect(dst)
+    for table in nsys_tables.READERS:
+        cols = [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')]
+        if not cols:
+            continue
+        for k in range(1, copies):
+            exprs = [f'"{c}" + {k * WINDOW_NS}' if c in ("start", "end") else f'"{c}"' for c in cols]
+            con.execute(f'INSERT INTO "{table}" SELECT {", ".join(exprs)} FROM "{table}" WHERE start < ?', (
+                con.execute(f'SELECT min(start) FROM "{table}"').fetchone()[0] + WINDOW_NS,))  # fmt: skip
+    con.commit()
+    con.execute("VACUUM")
+    con.close()
+
+
+def best_of(fn: Callable[[Path], int], path: Path, repeat: int) -> tuple[int, float]:
+    times, rows = [], 0
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        rows = fn(path)
+        times.append(time.perf_counter() - t0)
+    return rows, min(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--export", type=Path, default=SHARED, help="an .sqlite.gz Nsight export")
+    parser.add_argument("--copies", type=int, default=20, help="row copies in the replica (default 20)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per case; the best is reported")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = Path(tmp) / "export.sqlite"
+        with gzip.open(args.export, "rb") as f, plain.open("wb") as g:
+            shutil.copyfileobj(f, g)
+        big = Path(tmp) / f"replica_x{args.copies}.sqlite"
+        replicate(plain, big, args.copies)
+        big_gz = Path(tmp) / (big.name + ".gz")
+        with big.open("rb") as f, gzip.open(big_gz, "wb", compresslevel=6) as g:
+            shutil.copyfileobj(f, g)
+        cases = [
+            ("tracecal", args.export, tracecal_rows),
+            ("tracecal", plain, tracecal_rows),
+            ("naive dicts", plain, naive_rows),
+            ("tracecal", big_gz, tracecal_rows),
+            ("tracecal", big, tracecal_rows),
+            ("naive dicts", big, naive_rows),
+        ]
+        print(f"{'case':<12} {'file':<32} {'MB':>7} {'rows':>9} {'s':>7} {'rows/s':>10} {'MB/s':>7} {'x tracecal':>10}")
+        reference: dict[str, float] = {}
+        for label, path, fn in cases:
+            rows, secs = best_of(fn, path, args.repeat)
+            mb = path.stat().st_size / 1e6
+            key = path.name.removesuffix(".gz")
+            if label == "tracecal" and path.suffix != ".gz":
+                reference[key] = secs
+            ratio = f"{secs / reference[key]:.2f}" if key in reference else "-"
+            print(f"{label:<12} {path.name:<32} {mb:>7.2f} {rows:>9} {secs:>7.3f} {rows / secs:>10.0f} "
+                  f"{mb / secs:>7.1f} {ratio:>10}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
