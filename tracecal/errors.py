@@ -51,3 +51,8 @@ class PredictionError(TracecalError):
 class WorkloadError(TracecalError):
     """The reference training workload was configured inconsistently (e.g. layers not divisible
     by the pipeline size) or one of its ranks failed."""
+
+
+class WorkerError(TracecalError):
+    """A parser worker process died while reading a file (killed for lack of memory, crashed);
+    the message names the file and suggests fewer --workers."""

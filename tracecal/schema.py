@@ -178,6 +178,8 @@ EVENTS = Table(
         ("global_rank_start", "INTEGER", "Global rank start of the group"),
         ("global_rank_stride", "INTEGER", "Global rank stride of the group"),
         ("coll_seq", "BIGINT", "per-collective sequence number / comms id when the trace records it"),
+        ("src_rank", "INTEGER", "Src Rank arg of a point-to-point collective (the peer of a recv)"),
+        ("dst_rank", "INTEGER", "Dst Rank arg of a point-to-point collective (the peer of a send)"),
     ),
 )
 

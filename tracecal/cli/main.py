@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import typer
 
+from tracecal.cli import ingest as ingest_cmd
 from tracecal.cli import query
+from tracecal.cli import workload as workload_cmd
 
 app = typer.Typer(
     name="tracecal",
@@ -20,6 +22,8 @@ app = typer.Typer(
 
 app.command("sql")(query.sql)
 app.command("runs")(query.runs)
+app.command("ingest")(ingest_cmd.ingest)
+app.add_typer(workload_cmd.app, name="workload")
 
 
 if __name__ == "__main__":

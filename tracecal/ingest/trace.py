@@ -32,6 +32,8 @@ class ParsedRank:
         schema_era: ``2021``, ``2022``, ``2024`` for Kineto category eras, ``nsys-<version>`` for Nsight.
         process_groups: ``distributedInfo.pg_config`` entries (pg_name, pg_desc, pg_size, ranks) or [].
         metadata: other top-level trace metadata worth keeping (small values only).
+        source_bytes: bytes of the decoded document (the uncompressed size of a ``.gz`` trace),
+            the basis of MB/s figures; None when the parser does not know it.
     """
 
     rank: int | None
@@ -48,3 +50,4 @@ class ParsedRank:
     schema_era: str | None = None
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
+    source_bytes: int | None = None

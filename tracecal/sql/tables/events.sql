@@ -35,7 +35,9 @@ CREATE TABLE IF NOT EXISTS events (
     out_split_size     VARCHAR,
     global_rank_start  INTEGER,
     global_rank_stride INTEGER,
-    coll_seq           BIGINT
+    coll_seq           BIGINT,
+    src_rank           INTEGER,
+    dst_rank           INTEGER
 );
 COMMENT ON TABLE events IS 'Every complete (ph=X) event of every rank, normalised across Kineto eras and Nsight exports.';
 COMMENT ON COLUMN events.run_id IS 'run identifier';
@@ -73,3 +75,5 @@ COMMENT ON COLUMN events.out_split_size IS 'Out split size as JSON text (all_to_
 COMMENT ON COLUMN events.global_rank_start IS 'Global rank start of the group';
 COMMENT ON COLUMN events.global_rank_stride IS 'Global rank stride of the group';
 COMMENT ON COLUMN events.coll_seq IS 'per-collective sequence number / comms id when the trace records it';
+COMMENT ON COLUMN events.src_rank IS 'Src Rank arg of a point-to-point collective (the peer of a recv)';
+COMMENT ON COLUMN events.dst_rank IS 'Dst Rank arg of a point-to-point collective (the peer of a send)';

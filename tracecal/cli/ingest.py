@@ -1,0 +1,119 @@
+"""`tracecal ingest` / `trace-ingest`: load run directories of rank traces into the database."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tracecal.cli.common import DbOption, progress_bar, render_rows, stderr, user_errors, warn
+from tracecal.config import Settings
+from tracecal.errors import TracecalError
+from tracecal.ingest.discover import ParallelLayout
+from tracecal.sql.connection import open_database
+from tracecal.sql.load import IngestOptions, IngestReport, Progress, ingest_runs
+
+
+def ingest(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories (one trace per rank), or single trace files.")],
+    run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: the directory name).")] = None,
+    workers: Annotated[
+        int, typer.Option("--workers", "-j", min=1, help="Parser processes (default: CPU cores).")
+    ] = os.cpu_count() or 1,
+    on_error: Annotated[
+        str, typer.Option("--on-error", help="raise: stop at the first bad file; skip: leave it out and report it.")
+    ] = "raise",
+    cluster: Annotated[str | None, typer.Option("--cluster", help="Cluster the run was taken on.")] = None,
+    pp: Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline-parallel size.")] = None,
+    tp: Annotated[int | None, typer.Option("--tp", min=1, help="Tensor-parallel size.")] = None,
+    dp: Annotated[int | None, typer.Option("--dp", min=1, help="Data-parallel size.")] = None,
+    nodes: Annotated[int | None, typer.Option("--nodes", min=1, help="Nodes of the job.")] = None,
+    gpus_per_node: Annotated[int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node.")] = None,
+    iteration_marker: Annotated[
+        str | None,
+        typer.Option("--iteration-marker", help="Regex of the iteration marker (default ProfilerStep#N)."),
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Find the rank traces of each run, parse them in parallel and store them (one transaction per
+    run; re-ingesting a run replaces it). Prints a summary: ranks, events, seconds, MB/s."""
+    with user_errors():
+        if on_error not in ("raise", "skip"):
+            raise TracecalError(f"--on-error must be raise or skip, not {on_error!r}")
+        if iteration_marker is not None:
+            _check_regex(iteration_marker)
+        flags = ParallelLayout(pp=pp, tp=tp, dp=dp, nodes=nodes, gpus_per_node=gpus_per_node)
+        options = IngestOptions(
+            run_id=run_id,
+            workers=workers,
+            on_error="skip" if on_error == "skip" else "raise",
+            cluster=cluster,
+            iteration_marker=iteration_marker,
+            layout=flags,
+        )
+        settings = Settings.resolve(db)
+        with progress_bar() as bar, open_database(settings.db_path) as con:
+            tasks: dict[str, object] = {}
+
+            def on_progress(update: Progress) -> None:
+                task = tasks.get(update.run_id)
+                if task is None:
+                    task = tasks[update.run_id] = bar.add_task(update.run_id, total=update.files_total)
+                bar.update(task, completed=update.files_done)  # type: ignore[arg-type]
+
+            report = ingest_runs(con, runs, options, progress=on_progress)
+        _print_report(report, settings.db_path)
+
+
+def _check_regex(pattern: str) -> None:
+    import re
+
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise TracecalError(f"--iteration-marker {pattern!r} is not a valid regex: {exc}") from exc
+
+
+def _print_report(report: IngestReport, db_path: Path) -> None:
+    for skipped in report.skipped:
+        warn(f"skipped {skipped.path}: {skipped.reason}")
+    for run in report.runs:
+        for skipped in run.skipped:
+            warn(f"skipped {skipped.path}: {skipped.reason}")
+        if run.missing_ranks:
+            shown = ", ".join(str(r) for r in run.missing_ranks[:12])
+            more = "" if len(run.missing_ranks) <= 12 else f" and {len(run.missing_ranks) - 12} more"
+            warn(f"{run.run_id}: {len(run.missing_ranks)} of {run.world_size} ranks have no trace ({shown}{more})")
+        if not run.layout.known:
+            warn(f"{run.run_id}: parallel layout unknown; pass --pp/--tp/--dp for features that need it")
+    if not report.runs:
+        stderr.print("nothing ingested")
+        raise typer.Exit(1)
+    rows = [
+        [
+            r.run_id,
+            r.format,
+            f"{r.ranks}/{r.world_size}",
+            f"{r.layout.pp}x{r.layout.tp}x{r.layout.dp}" if r.layout.known else "",
+            r.events,
+            r.kernels,
+            round(r.seconds, 2),
+            round(r.source_bytes / 1e6, 1),
+            round(r.mb_per_s, 1),
+        ]
+        for r in report.runs
+    ]
+    render_rows(
+        f"ingested into {db_path} in {report.seconds:.2f} s",
+        ["run", "format", "ranks", "pp x tp x dp", "events", "kernels", "seconds", "MB", "MB/s"],
+        rows,
+    )
+
+
+def main() -> None:
+    """Console script ``trace-ingest``: the same command as ``tracecal ingest``."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(ingest)
+    app()

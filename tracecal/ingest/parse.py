@@ -1,0 +1,31 @@
+"""One entry point for every trace format: ``parse_trace_file(path) -> list[ParsedRank]``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tracecal.errors import TraceFormatError
+from tracecal.ingest.discover import trace_format
+from tracecal.ingest.trace import ParsedRank
+
+
+def parse_trace_file(path: Path) -> list[ParsedRank]:
+    """Parse one trace file, dispatching on its suffix.
+
+    Kineto JSON (``.json``, ``.json.gz``) gives one rank; an Nsight export (``.sqlite``,
+    ``.sqlite.gz``, ``.nsys-rep``) may give several (one per process/GPU in the file).
+
+    Raises:
+        TraceFormatError: the file is not a trace tracecal reads, or is damaged.
+        InputNotFoundError: the file does not exist.
+    """
+    fmt = trace_format(path)
+    if fmt == "kineto":
+        from tracecal.ingest.kineto import parse_kineto_file
+
+        return [parse_kineto_file(path)]
+    if fmt == "nsys":
+        raise TraceFormatError(f"{path}: Nsight ingestion not available in this version of tracecal")
+    raise TraceFormatError(
+        f"{path}: not a trace file tracecal reads (expected *.json, *.json.gz, *.sqlite, *.sqlite.gz, *.nsys-rep)"
+    )

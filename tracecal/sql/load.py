@@ -1,0 +1,402 @@
+"""Loading runs into the database: discover, parse in worker processes, insert, one transaction per run.
+
+``ingest_runs(con, run_dirs, options) -> IngestReport`` is the library side of ``trace-ingest``.
+Files are parsed by a pool of worker processes (one file per task, at most ``workers`` files in
+flight) and each rank is inserted as soon as it arrives and then dropped, so neither a worker nor
+the loader ever holds a whole run. Each run is one DuckDB transaction: its old rows are deleted from
+every run table, the new ones inserted, and any failure rolls back so the database is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tracecal import __version__
+from tracecal.errors import RankConflictError, TracecalError, WorkerError
+from tracecal.ingest.discover import (
+    DiscoveredRun,
+    ParallelLayout,
+    TraceFile,
+    discover_run,
+    layout_from_process_groups,
+    missing_ranks,
+    world_size_of,
+)
+from tracecal.ingest.parse import parse_trace_file
+from tracecal.ingest.trace import ParsedRank
+from tracecal.schema import RANKS, RUN_TABLES, RUNS, arrow_schema
+
+OnError = Literal["raise", "skip"]
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    """How to ingest: resolved once by the caller (CLI flags) and passed down.
+
+    Attributes:
+        run_id: id of the run; only with a single run directory (default: the directory name).
+        workers: parser processes; 1 parses in the calling process (no pool start-up cost).
+        on_error: ``raise`` stops at the first bad file (the run is rolled back); ``skip`` leaves
+            the file (or a run whose every file failed) out and reports it.
+        cluster: cluster the run was taken on, stored in ``runs.cluster``.
+        iteration_marker: regex of the iteration marker for decoding (default ``ProfilerStep#N``).
+        layout: PP/TP/DP/nodes/GPUs-per-node given as flags; fields left None are detected.
+    """
+
+    run_id: str | None = None
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    on_error: OnError = "raise"
+    cluster: str | None = None
+    iteration_marker: str | None = None
+    layout: ParallelLayout | None = None
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A file or run left out under ``on_error="skip"``, and why."""
+
+    path: Path
+    reason: str
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What one run's ingest stored and how long it took."""
+
+    run_id: str
+    source_path: Path
+    format: str
+    ranks: int
+    world_size: int
+    events: int
+    kernels: int
+    input_bytes: int
+    source_bytes: int
+    seconds: float
+    missing_ranks: tuple[int, ...]
+    layout: ParallelLayout
+    skipped: tuple[Skipped, ...] = ()
+
+    @property
+    def mb_per_s(self) -> float:
+        """Throughput in MB (10^6 bytes) of decoded (uncompressed) trace per second."""
+        return self.source_bytes / 1e6 / self.seconds if self.seconds > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class IngestReport:
+    """Every run ingested, every file or run skipped, and the total wall time."""
+
+    runs: tuple[RunReport, ...]
+    skipped: tuple[Skipped, ...]
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Sent to the progress callback after each file of a run is parsed (or skipped)."""
+
+    run_id: str
+    file: Path | None
+    files_done: int
+    files_total: int
+
+
+ProgressCallback = Callable[[Progress], None]
+
+
+def ingest_runs(
+    con: duckdb.DuckDBPyConnection,
+    run_dirs: Sequence[Path],
+    options: IngestOptions | None = None,
+    progress: ProgressCallback | None = None,
+) -> IngestReport:
+    """Ingest each run directory into the database, one transaction per run.
+
+    All runs are discovered before anything is written, so a bad path fails before any change.
+
+    Raises:
+        InputNotFoundError: a path does not exist, is empty, or holds no trace files
+            (under ``on_error="skip"`` such a run is reported as skipped instead).
+        TraceFormatError: a file is not a readable trace (``raise`` mode).
+        RankConflictError: two files claim the same rank, or a file's rank cannot be determined.
+        WorkerError: a parser process died.
+    """
+    options = options or IngestOptions()
+    started = time.perf_counter()
+    if options.run_id is not None and len(run_dirs) != 1:
+        raise TracecalError("--run-id names a single run; give one RUN directory or omit --run-id")
+    skipped: list[Skipped] = []
+    discovered: list[tuple[str, DiscoveredRun]] = []
+    for run_dir in run_dirs:
+        try:
+            run = discover_run(Path(run_dir), options.layout)
+        except TracecalError as exc:
+            if options.on_error == "raise":
+                raise
+            skipped.append(Skipped(Path(run_dir), str(exc)))
+            continue
+        run_id = options.run_id or run.name
+        clash = next((other for rid, other in discovered if rid == run_id), None)
+        if clash is not None:
+            raise TracecalError(
+                f"{run.run_dir} and {clash.run_dir} would both be run {run_id!r}; ingest them separately with --run-id"
+            )
+        discovered.append((run_id, run))
+    reports = []
+    for run_id, run in discovered:
+        try:
+            reports.append(_ingest_run(con, run_id, run, options, progress))
+        except TracecalError as exc:
+            if options.on_error == "raise" or not isinstance(exc, _NothingLeft):
+                raise
+            skipped.append(Skipped(run.run_dir, str(exc)))
+    return IngestReport(tuple(reports), tuple(skipped), time.perf_counter() - started)
+
+
+class _NothingLeft(TracecalError):
+    """Every file of a run was skipped: the run itself is skipped."""
+
+
+def _ingest_run(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    run: DiscoveredRun,
+    options: IngestOptions,
+    progress: ProgressCallback | None,
+) -> RunReport:
+    started = time.perf_counter()
+    skipped: list[Skipped] = []
+    ranks: list[dict[str, Any]] = []
+    owners: dict[int, Path] = {}
+    world_sizes: list[int | None] = []
+    process_groups: list[dict[str, Any]] = []
+    events = kernels = source_bytes = 0
+    con.execute("BEGIN TRANSACTION")
+    try:
+        # Step 1: re-ingest replaces — the run's rows go from every run-keyed table.
+        for table in RUN_TABLES:
+            con.execute(f"DELETE FROM {table.name} WHERE run_id = ?", [run_id])  # name from schema
+
+        # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
+        for done, (trace_file, parsed) in enumerate(_parse_files(run.files, options, skipped), start=1):
+            for rank_trace in parsed:
+                rank, rank_source = _resolve_rank(trace_file, rank_trace, len(parsed), len(run.files))
+                if rank in owners:
+                    raise RankConflictError(
+                        f"{trace_file.path} and {owners[rank]} both hold rank {rank}; "
+                        "remove the duplicate or ingest them as separate runs"
+                    )
+                owners[rank] = trace_file.path
+                row = _insert_rank_events(con, run_id, rank, rank_trace)
+                ranks.append({**row, "rank_source": rank_source})
+                events += row["events"]
+                kernels += row["kernels"]
+                source_bytes += rank_trace.source_bytes or rank_trace.file_bytes
+                world_sizes.append(rank_trace.world_size)
+                process_groups.extend(rank_trace.process_groups)
+            del parsed
+            if progress is not None:
+                progress(Progress(run_id, trace_file.path, done, len(run.files)))
+        if not ranks:
+            reasons = "; ".join(s.reason for s in skipped[:3])
+            raise _NothingLeft(f"{run.run_dir}: every trace file failed ({reasons})")
+
+        # Step 3: the run and its ranks.
+        world_size = world_size_of(world_sizes, len(ranks))
+        layout = run.layout
+        if not layout.known:
+            layout = (layout_from_process_groups(process_groups) or ParallelLayout()).merged(layout)
+        _insert_rows(con, RANKS.name, arrow_schema(RANKS), [{**r, "run_id": run_id} for r in ranks])
+        seconds = time.perf_counter() - started
+        _insert_rows(
+            con,
+            RUNS.name,
+            arrow_schema(RUNS),
+            [_run_row(run_id, run, options, layout, world_size, len(ranks), seconds)],
+        )
+
+        # Step 4 (decode, issue 3): derived tables are computed here, inside the run's
+        # transaction, after its events are stored:
+        #     decode_stored_run(con, run_id, iteration_marker=options.iteration_marker)
+
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
+    return RunReport(
+        run_id=run_id,
+        source_path=run.run_dir,
+        format=run.format,
+        ranks=len(ranks),
+        world_size=world_size,
+        events=events,
+        kernels=kernels,
+        input_bytes=sum(f.size_bytes for f in run.files),
+        source_bytes=source_bytes,
+        seconds=time.perf_counter() - started,
+        missing_ranks=tuple(missing_ranks(sorted(owners), world_size)),
+        layout=layout,
+        skipped=tuple(skipped),
+    )
+
+
+def _resolve_rank(trace_file: TraceFile, parsed: ParsedRank, ranks_in_file: int, files: int) -> tuple[int, str]:
+    """distributedInfo (or the Nsight reader's answer) > the path > rank 0 for a lone single-rank trace."""
+    if parsed.rank is not None:
+        return parsed.rank, parsed.rank_source or "trace"
+    if trace_file.path_rank is not None and ranks_in_file == 1:
+        return trace_file.path_rank, "path"
+    if files == 1 and ranks_in_file == 1:  # a single-process capture (no torch.distributed)
+        return 0, "single_file"
+    raise RankConflictError(
+        f"{trace_file.path}: cannot tell which rank this is (no distributedInfo.rank in the trace and no "
+        "rank-N, rankN, workerN or numeric rank directory in its path); rename it, e.g. rank-0.json.gz"
+    )
+
+
+def _insert_rank_events(con: duckdb.DuckDBPyConnection, run_id: str, rank: int, parsed: ParsedRank) -> dict[str, Any]:
+    """Append one rank's events (run_id and rank filled in) and return its ``ranks`` row."""
+    table = parsed.events
+    con.register("_tracecal_rank_events", table)
+    try:
+        # BY NAME: a parser may leave out columns it never fills; they become NULL.
+        con.execute(
+            "INSERT INTO events BY NAME "
+            "SELECT * REPLACE (CAST($run_id AS VARCHAR) AS run_id, CAST($rank AS INTEGER) AS rank) "
+            "FROM _tracecal_rank_events",
+            {"run_id": run_id, "rank": rank},
+        )
+    finally:
+        con.unregister("_tracecal_rank_events")
+    kinds = pc.cast(table["kind"], pa.string())
+    return {
+        "rank": rank,
+        "file": str(parsed.file),
+        "file_bytes": parsed.file_bytes,
+        "host": parsed.host,
+        "pid": parsed.pid,
+        "device_name": parsed.device_name,
+        "backend": parsed.backend,
+        "schema_era": parsed.schema_era,
+        "events": table.num_rows,
+        "kernels": pc.sum(pc.equal(kinds, "kernel")).as_py() or 0,
+    }
+
+
+def _insert_rows(
+    con: duckdb.DuckDBPyConnection, table_name: str, schema: pa.Schema, rows: list[dict[str, Any]]
+) -> None:
+    batch = pa.Table.from_pylist(rows, schema=schema)
+    con.register("_tracecal_rows", batch)
+    try:
+        con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM _tracecal_rows")  # name from schema
+    finally:
+        con.unregister("_tracecal_rows")
+
+
+def _run_row(
+    run_id: str,
+    run: DiscoveredRun,
+    options: IngestOptions,
+    layout: ParallelLayout,
+    world_size: int,
+    ranks_found: int,
+    seconds: float,
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "name": run.name,
+        "source_path": str(run.run_dir),
+        "format": run.format,
+        "cluster": options.cluster,
+        "model": layout.model,
+        "pp": layout.pp,
+        "tp": layout.tp,
+        "dp": layout.dp,
+        "nodes": layout.nodes,
+        "gpus_per_node": layout.gpus_per_node,
+        "world_size": world_size,
+        "ranks_found": ranks_found,
+        "layout_source": layout.source,
+        "iteration_marker": options.iteration_marker,
+        "metadata_json": json.dumps(layout.metadata) if layout.metadata is not None else None,
+        "input_bytes": run.input_bytes,
+        "ingest_seconds": seconds,
+        "ingested_at": datetime.now(timezone.utc).replace(tzinfo=None),
+        "tool_version": __version__,
+    }
+
+
+def _parse_files(
+    files: Sequence[TraceFile], options: IngestOptions, skipped: list[Skipped]
+) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
+    """Parsed files in completion order; failures raise, or are recorded in ``skipped`` and yielded
+    with no ranks (so progress still counts them)."""
+    if options.workers <= 1 or len(files) == 1:
+        for trace_file in files:
+            try:
+                parsed = parse_trace_file(trace_file.path)
+            except TracecalError as exc:
+                if options.on_error == "raise":
+                    raise
+                skipped.append(Skipped(trace_file.path, str(exc)))
+                parsed = []
+            yield trace_file, parsed
+        return
+    yield from _parse_in_pool(files, options, skipped)
+
+
+def _parse_in_pool(
+    files: Sequence[TraceFile], options: IngestOptions, skipped: list[Skipped]
+) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
+    # forkserver, not fork: the loader holds a DuckDB connection and its threads, which a forked
+    # child must not inherit. The server preloads the parser so each worker starts warm.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["tracecal.ingest.kineto"])
+    workers = min(options.workers, len(files))
+    queue = iter(files)
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
+    in_flight: dict[Future[list[ParsedRank]], TraceFile] = {}
+    try:
+        # At most `workers` files in flight: a finished rank waits for the loader, not in a queue.
+        for trace_file in queue:
+            in_flight[pool.submit(parse_trace_file, trace_file.path)] = trace_file
+            if len(in_flight) == workers:
+                break
+        while in_flight:
+            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
+            for future in finished:
+                trace_file = in_flight.pop(future)
+                try:
+                    parsed = future.result()
+                except BrokenProcessPool as exc:
+                    raise WorkerError(
+                        f"{trace_file.path}: a parser process died (out of memory?); retry with fewer --workers"
+                    ) from exc
+                except TracecalError as exc:
+                    if options.on_error == "raise":
+                        raise
+                    skipped.append(Skipped(trace_file.path, str(exc)))
+                    parsed = []
+                next_file = next(queue, None)
+                if next_file is not None:
+                    in_flight[pool.submit(parse_trace_file, next_file.path)] = next_file
+                yield trace_file, parsed
+                del parsed
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
