@@ -1,0 +1,89 @@
+"""`tracecal workload run`: train the reference GPT with PP/TP/DP on local CPU processes, profiled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tracecal.cli.common import render_rows, stderr, user_errors
+from tracecal.samplers.workload import WorkloadConfig, run_local
+
+_D = WorkloadConfig()
+
+app = typer.Typer(
+    help="The reference training workload: real multi-rank PP/TP/DP traces on any machine (SPEC §9).",
+    no_args_is_help=True,
+)
+
+
+@app.command("run")
+def run(
+    out: Annotated[Path, typer.Option("--out", help="Run directory to create (rank traces + run.json).")],
+    pp: Annotated[int, typer.Option(help="Pipeline stages (1F1B schedule).")] = _D.pp,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel ranks per stage.")] = _D.tp,
+    dp: Annotated[int, typer.Option(help="Data-parallel replicas.")] = _D.dp,
+    layers: Annotated[int, typer.Option(help="Transformer blocks (divisible by --pp).")] = _D.layers,
+    hidden: Annotated[int, typer.Option(help="Model width.")] = _D.hidden,
+    heads: Annotated[int, typer.Option(help="Attention heads (divisible by --tp).")] = _D.heads,
+    seq: Annotated[int, typer.Option(help="Sequence length.")] = _D.seq,
+    vocab: Annotated[int, typer.Option(help="Vocabulary size.")] = _D.vocab,
+    micro_batches: Annotated[int, typer.Option(help="Micro-batches per step on each DP rank.")] = _D.micro_batches,
+    micro_batch_size: Annotated[int, typer.Option(help="Samples per micro-batch.")] = _D.micro_batch_size,
+    steps: Annotated[int, typer.Option(help="Training steps (iterations).")] = _D.steps,
+    profile_wait: Annotated[int, typer.Option(help="Steps before the profiler warms up.")] = _D.profile_wait,
+    profile_warmup: Annotated[int, typer.Option(help="Profiler warm-up steps (not recorded).")] = _D.profile_warmup,
+    bucket_bytes: Annotated[int, typer.Option(help="Cap of one DP gradient all-reduce bucket.")] = _D.bucket_bytes,
+    dtype: Annotated[str, typer.Option(help="float32, or bfloat16 (autocast).")] = _D.dtype,
+    device: Annotated[str, typer.Option(help="auto, cpu or cuda (local ranks use cuda:RANK).")] = _D.device,
+    seed: Annotated[int, typer.Option(help="Seed of weights and data.")] = _D.seed,
+    model: Annotated[str, typer.Option(help="Model name recorded in run.json.")] = _D.model,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Stop every rank after this long.")] = _D.timeout_s,
+    force: Annotated[bool, typer.Option("--force", help="Replace a run already in --out.")] = False,
+) -> None:
+    """Spawn pp*tp*dp ranks on this machine (gloo on CPU), train, and write one torch.profiler trace
+    per rank (OUT/rank{R}.pt.trace.json.gz) plus OUT/run.json. On a cluster use
+    `torchrun ... -m tracecal.samplers.workload` with the same options instead."""
+    with user_errors():
+        cfg = WorkloadConfig(
+            pp=pp,
+            tp=tp,
+            dp=dp,
+            layers=layers,
+            hidden=hidden,
+            heads=heads,
+            seq=seq,
+            vocab=vocab,
+            micro_batches=micro_batches,
+            micro_batch_size=micro_batch_size,
+            steps=steps,
+            profile_wait=profile_wait,
+            profile_warmup=profile_warmup,
+            bucket_bytes=bucket_bytes,
+            dtype=dtype,
+            device=device,
+            seed=seed,
+            model=model,
+            timeout_s=timeout_s,
+        ).validate()
+        if stderr.is_terminal:
+            stderr.print(f"training {cfg.world_size} ranks (pp={pp} tp={tp} dp={dp}) into {out} ...")
+        result = run_local(cfg, out, force=force)
+    meta = result.run
+    losses = meta["losses"]
+    render_rows(
+        None,
+        ["run", "ranks", "backend", "profiled steps", "loss first → last", "train s", "wall s"],
+        [
+            [
+                str(result.out_dir),
+                meta["world_size"],
+                meta["backend"],
+                ", ".join(str(s) for s in meta["profile"]["profiled_steps"]),
+                f"{losses[0]:.4f} → {losses[-1]:.4f}",
+                meta["train_seconds"],
+                round(result.wall_seconds, 2),
+            ]
+        ],
+    )
