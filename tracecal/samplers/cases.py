@@ -156,7 +156,7 @@ def _rand(torch: Any, shape: list[int], dtype: Any, device: Any) -> Any:
 def _build_gemm(op: str) -> Builder:
     def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
         torch = _torch()
-        m, n, k, b = d["m"], d["n"], d["k"], d.get("batch")
+        m, n, k, b = d["m"], d["n"], d["k"], d.get("batch", 1)
         if op == "aten::mm":
             a, w = _rand(torch, [m, k], dtype, device), _rand(torch, [k, n], dtype, device)
             return (lambda: torch.mm(a, w)), [a, w]

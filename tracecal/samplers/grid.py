@@ -65,8 +65,8 @@ class Grid:
 
 
 def shipped_grids() -> list[str]:
-    """Names of the grids shipped with tracecal (``--config NAME``)."""
-    return sorted(p.stem for p in CONFIG_DIR.glob("*.yml"))
+    """Names of the compute grids shipped with tracecal (``--config NAME``; ``comm-*`` are comm configs)."""
+    return sorted(p.stem for p in CONFIG_DIR.glob("*.yml") if not p.stem.startswith("comm-"))
 
 
 def resolve_config(config: str | Path) -> Path:

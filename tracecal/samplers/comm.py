@@ -1,0 +1,486 @@
+"""The communication sampler: collectives and point-to-point transfers over torch.distributed.
+
+Run it on a cluster under torchrun (NCCL on GPUs, gloo on CPUs)::
+
+    torchrun --nnodes 2 --nproc-per-node 4 -m tracecal.samplers.comm --cluster perlmutter \\
+        --config comm-sweep --db tracecal.duckdb          # or --output samples.parquet
+
+or on one machine without torchrun: ``spawn_local(settings, world_size)`` (``tracecal sample comm``)
+starts ``world_size`` gloo processes on localhost.
+
+Timing (SPEC §6.1): for every (collective, size) each rank runs ``warmup`` untimed calls, then for
+each repeat all ranks meet at a barrier and time one call (CUDA events on GPU, ``perf_counter_ns`` on
+CPU). The per-repeat durations are all-reduced with MAX, so repeat *i* is the slowest rank's time of
+call *i*; median, min and IQR over repeats are the sample. Rank 0 returns/writes the rows.
+
+Sizes follow nccl-tests: ``size_bytes`` is the buffer of all_reduce/broadcast, the *total* (gathered)
+buffer for all_gather, the total input for reduce_scatter and all_to_all, and the message for
+send/recv (rank 0 sends to the last rank, so multi-node jobs measure an inter-node transfer). Sizes
+are rounded down to whole elements per rank; the stored ``size_bytes`` is the size actually moved.
+
+Topology: ``nodes = WORLD_SIZE // LOCAL_WORLD_SIZE`` and ``gpus_per_node = LOCAL_WORLD_SIZE``
+(processes per node on CPU); ``group_size`` is the world size (every collective runs on WORLD).
+
+The GPU path (NCCL, CUDA events, per-rank devices) is written for clusters and was not run on the
+CPU-only machine this project is built on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pyarrow as pa
+import yaml
+
+from tracecal.errors import SampleError
+from tracecal.samplers.grid import CONFIG_DIR, dim_values
+from tracecal.samplers.timing import cpu_name, summarize
+from tracecal.schema import SAMPLES, arrow_schema
+from tracecal.sql.samples import sample_id
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send")
+"""Collectives the sampler runs; ``send`` is a rank-0 → last-rank send/recv pair (stored as ``send``,
+the name of the sending side in the ``collectives`` table)."""
+
+SOURCE = "sampler"
+ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class CommSettings:
+    """What to sample: collectives × sizes (bytes, nccl-tests convention), dtype, repeats."""
+
+    cluster: str
+    collectives: tuple[str, ...] = COLLECTIVES
+    sizes_bytes: tuple[int, ...] = (1 << 10, 1 << 16, 1 << 20)
+    dtype: str = "float32"
+    warmup: int = 3
+    repeats: int = 10
+    source_file: str | None = None
+
+    def check(self) -> None:
+        """Raises SampleError on an unknown collective or dtype, or non-positive sizes/repeats."""
+        bad = [c for c in self.collectives if c not in COLLECTIVES]
+        if bad:
+            raise SampleError(f"unknown collective {bad[0]!r}; known: {', '.join(COLLECTIVES)}")
+        if self.dtype not in ELEMENT_BYTES:
+            raise SampleError(f"dtype {self.dtype!r} is not one of {', '.join(ELEMENT_BYTES)}")
+        if not self.sizes_bytes or min(self.sizes_bytes) < 1:
+            raise SampleError("--sizes must be positive byte counts")
+        if self.repeats < 1 or self.warmup < 0:
+            raise SampleError(f"need --repeats ≥ 1 and --warmup ≥ 0 (got {self.repeats}, {self.warmup})")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where the ranks are: world size, nodes and processes (GPUs) per node."""
+
+    world_size: int
+    nodes: int
+    gpus_per_node: int
+
+
+def parse_size(text: str) -> int:
+    """``4096``, ``64K``, ``1M``, ``1G`` (binary multiples, like nccl-tests) -> bytes."""
+    text = text.strip().upper().removesuffix("B")
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+    digits = text[:-1] if scale != 1 else text
+    try:
+        value = int(digits) * scale
+    except ValueError:
+        raise SampleError(f"size {text!r} is not a byte count (e.g. 4096, 64K, 1M, 1G)") from None
+    if value < 1:
+        raise SampleError(f"size {text!r} must be positive")
+    return value
+
+
+def load_comm_config(config: str | Path, cluster: str) -> CommSettings:
+    """Read a comm config (path, or a shipped ``comm-*`` name)::
+
+    collectives: [all_reduce, all_gather]
+    sizes: {start: 1024, end: 1073741824, step: 2, scale: mul}   # or a list of byte counts
+    dtype: float16
+    warmup: 5
+    repeats: 20
+    """
+    path = Path(config)
+    if not path.is_file():
+        path = CONFIG_DIR / f"{config}.yml"
+    if not path.is_file():
+        shipped = sorted(p.stem for p in CONFIG_DIR.glob("comm-*.yml"))
+        raise SampleError(f"no comm config {config} and no shipped one of that name; shipped: {', '.join(shipped)}")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise SampleError(f"{path}: not a readable YAML comm config ({str(exc).splitlines()[0]})") from exc
+    if not isinstance(doc, dict) or "sizes" not in doc:
+        raise SampleError(f"{path}: a comm config needs 'sizes:' (and optionally collectives, dtype, repeats)")
+    sizes = dim_values(doc["sizes"], f"{path}: sizes")
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in sizes):
+        raise SampleError(f"{path}: sizes must be integers (bytes)")
+    settings = CommSettings(
+        cluster=cluster,
+        collectives=tuple(doc.get("collectives", COLLECTIVES)),
+        sizes_bytes=tuple(int(s) for s in sizes),
+        dtype=str(doc.get("dtype", "float32")),
+        warmup=int(doc.get("warmup", 3)),
+        repeats=int(doc.get("repeats", 10)),
+        source_file=str(path),
+    )
+    settings.check()
+    return settings
+
+
+def plan(settings: CommSettings, world_size: int) -> list[tuple[str, int]]:
+    """(collective, size_bytes actually moved) pairs, in order, rounded to whole elements per rank.
+
+    Sizes too small to give every rank one element are dropped; duplicates after rounding kept once.
+    """
+    es = ELEMENT_BYTES[settings.dtype]
+    out: dict[tuple[str, int], None] = {}
+    for coll in settings.collectives:
+        for size in settings.sizes_bytes:
+            elements = size // es
+            if coll in ("all_gather", "reduce_scatter", "all_to_all"):
+                elements -= elements % world_size
+            if elements < (world_size if coll in ("all_gather", "reduce_scatter", "all_to_all") else 1):
+                continue
+            out[(coll, elements * es)] = None
+    return list(out)
+
+
+def comm_sample_id(
+    cluster: str, coll: str, size: int, dtype: str, topo: Topology, device_name: str, backend: str
+) -> str:
+    """``sample_id`` of one comm point."""
+    features = {
+        "collective": coll,
+        "size_bytes": size,
+        "dtype": dtype,
+        "group_size": topo.world_size,
+        "nodes": topo.nodes,
+        "gpus_per_node": topo.gpus_per_node,
+        "device_name": device_name,
+        "backend": backend,
+    }
+    return sample_id(cluster, SOURCE, coll, "fwd", features)
+
+
+def _collective_call(
+    dist: Any, torch: Any, coll: str, size: int, dtype: Any, es: int, device: Any
+) -> Callable[[], Any]:
+    """A closure running one call of ``coll`` moving ``size`` bytes (nccl-tests convention)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    n = size // es
+    if coll == "all_reduce":
+        buf = torch.ones(n, dtype=dtype, device=device)
+        return lambda: dist.all_reduce(buf)
+    if coll == "broadcast":
+        buf = torch.ones(n, dtype=dtype, device=device)
+        return lambda: dist.broadcast(buf, src=0)
+    if coll == "all_gather":
+        out, inp = torch.empty(n, dtype=dtype, device=device), torch.ones(n // world, dtype=dtype, device=device)
+        # all_gather_into_tensor is deprecated in favour of all_gather_single (torch ≥ 2.9)
+        all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+        return lambda: all_gather(out, inp)
+    if coll == "reduce_scatter":
+        inp, out = torch.ones(n, dtype=dtype, device=device), torch.empty(n // world, dtype=dtype, device=device)
+        # reduce_scatter_tensor is deprecated in favour of reduce_scatter_single (torch ≥ 2.9)
+        reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+        return lambda: reduce_scatter(out, inp)
+    if coll == "all_to_all":
+        inp, out = torch.ones(n, dtype=dtype, device=device), torch.empty(n, dtype=dtype, device=device)
+        return lambda: dist.all_to_all_single(out, inp)
+    # send: rank 0 -> last rank; everyone else idles (and reports 0, which MAX ignores)
+    buf = torch.ones(n, dtype=dtype, device=device)
+    last = world - 1
+    if rank == 0:
+        return lambda: dist.send(buf, dst=last)
+    if rank == last:
+        return lambda: dist.recv(buf, src=0)
+    return lambda: None
+
+
+def run_rank(settings: CommSettings, skip_ids: frozenset[str] = frozenset()) -> pa.Table | None:
+    """Sample every planned point on this rank of an initialised process group.
+
+    Every rank must call it with the same settings. Returns the sample rows (``samples`` schema) on
+    rank 0 and None elsewhere. Points whose id is in ``skip_ids`` are not run (resume).
+    """
+    import torch
+    import torch.distributed as dist
+
+    settings.check()
+    backend = str(dist.get_backend())
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    topo = Topology(world, max(1, world // local_world), local_world)
+    cuda = backend == "nccl"
+    if cuda:
+        local_rank = int(os.environ.get("LOCAL_RANK", rank % local_world))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        device_name = torch.cuda.get_device_name(device)
+        version = torch.cuda.nccl.version()
+        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
+    else:
+        device, device_name, nccl = torch.device("cpu"), cpu_name(), None
+    dtype, es = getattr(torch, settings.dtype), ELEMENT_BYTES[settings.dtype]
+    rows: list[dict[str, Any]] = []
+    for coll, size in plan(settings, world):
+        sid = comm_sample_id(settings.cluster, coll, size, settings.dtype, topo, device_name, backend)
+        if sid in skip_ids:
+            continue
+        call = _collective_call(dist, torch, coll, size, dtype, es, device)
+        durations = _time_aligned(dist, torch, call, settings, device, cuda)
+        if rank == 0:
+            rows.append(_row(settings, coll, size, sid, topo, durations, device_name, backend, nccl))
+        del call
+    if rank != 0:
+        return None
+    return pa.Table.from_pylist(rows, schema=arrow_schema(SAMPLES))
+
+
+def _time_aligned(
+    dist: Any, torch: Any, call: Callable[[], Any], s: CommSettings, device: Any, cuda: bool
+) -> list[float]:
+    """Per-repeat duration of the slowest rank, ns."""
+    import time
+
+    for _ in range(s.warmup):
+        call()
+    mine = []
+    for _ in range(s.repeats):
+        if cuda:
+            dist.barrier(device_ids=[device.index])
+            torch.cuda.synchronize(device)  # the barrier is itself a kernel: let it finish first
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            mine.append(start.elapsed_time(end) * 1e6)  # ms -> ns
+        else:
+            dist.barrier()
+            t0 = time.perf_counter_ns()
+            call()
+            mine.append(float(time.perf_counter_ns() - t0))
+    slowest = torch.tensor(mine, dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return [float(v) for v in slowest.cpu().tolist()]
+
+
+def _row(
+    s: CommSettings,
+    coll: str,
+    size: int,
+    sid: str,
+    topo: Topology,
+    durations: list[float],
+    device_name: str,
+    backend: str,
+    nccl: str | None,
+) -> dict[str, Any]:
+    import torch
+
+    stats = summarize(durations)
+    world = topo.world_size
+    params = {"backend": backend, "warmup": s.warmup, "world_size": world}
+    if coll == "send":
+        params.update(src=0, dst=world - 1)
+    row: dict[str, Any] = {name: None for name in SAMPLES.column_names}
+    row.update(
+        sample_id=sid,
+        cluster=s.cluster,
+        device_name=device_name,
+        host=socket.gethostname(),
+        family="comm",
+        op=coll,
+        direction="fwd",
+        dtype=s.dtype,
+        io_bytes=float(size),
+        collective=coll,
+        size_bytes=size,
+        group_size=world,
+        nodes=topo.nodes,
+        gpus_per_node=topo.gpus_per_node,
+        median_ns=stats.median_ns,
+        min_ns=stats.min_ns,
+        iqr_ns=stats.iqr_ns,
+        repeats=stats.repeats,
+        source=SOURCE,
+        source_file=s.source_file,
+        params_json=msgspec.json.encode(params).decode(),
+        torch_version=torch.__version__,
+        cuda_version=torch.version.cuda if backend == "nccl" else None,
+        nccl_version=nccl,
+        sampled_at=datetime.now(timezone.utc).replace(tzinfo=None),
+    )
+    return row
+
+
+# --- local spawn (CPU, CI) -------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _spawned_rank(rank: int, world: int, port: int, settings: CommSettings, skip: frozenset[str], out: str) -> None:
+    import pyarrow.parquet as pq
+    import torch
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)  # world_size processes share the machine's cores
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(minutes=10))
+    try:
+        table = run_rank(settings, skip)
+        if table is not None:
+            pq.write_table(table, out)
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn_local(settings: CommSettings, world_size: int, skip_ids: frozenset[str] = frozenset()) -> pa.Table:
+    """Run the sampler in ``world_size`` local gloo processes; return rank 0's rows.
+
+    Raises:
+        SampleError: bad settings, world size below 2, or a rank failed (its first error line).
+    """
+    import pyarrow.parquet as pq
+    import torch.multiprocessing as mp
+
+    settings.check()
+    if world_size < 2:
+        raise SampleError(f"--world-size must be at least 2 for collectives (got {world_size})")
+    with tempfile.TemporaryDirectory(prefix="tracecal-comm-") as tmp:
+        out = str(Path(tmp) / "rank0.parquet")
+        try:
+            mp.spawn(
+                _spawned_rank,
+                args=(world_size, _free_port(), settings, skip_ids, out),
+                nprocs=world_size,
+                join=True,
+            )
+        except mp.ProcessRaisedException as exc:
+            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+            raise SampleError(f"a comm sampler rank failed: {lines[-1] if lines else exc}") from exc
+        except mp.ProcessExitedException as exc:
+            raise SampleError(f"a comm sampler rank died: {exc}") from exc
+        return pq.read_table(out) if Path(out).exists() else pa.Table.from_pylist([], schema=arrow_schema(SAMPLES))
+
+
+# --- torchrun entry point --------------------------------------------------------------------------
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m tracecal.samplers.comm",
+        description="Sample collectives under torchrun (NCCL on GPUs, gloo on CPUs); rank 0 stores the samples.",
+    )
+    parser.add_argument("--cluster", required=True, help="cluster the samples belong to")
+    parser.add_argument("--config", help="comm config YAML (path or shipped name, e.g. comm-sweep)")
+    parser.add_argument("--sizes", help="comma-separated sizes in bytes (64K, 1M, ...); overrides the config")
+    parser.add_argument("--collectives", help=f"comma-separated subset of {','.join(COLLECTIVES)}")
+    parser.add_argument("--dtype", help="float32, float16 or bfloat16 (default: float16 on GPU, float32 on CPU)")
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--backend", choices=["nccl", "gloo"], help="default: nccl when CUDA is available")
+    dest = parser.add_mutually_exclusive_group(required=True)
+    dest.add_argument("--db", type=Path, help="DuckDB database rank 0 writes the samples to")
+    dest.add_argument("--output", type=Path, help="Parquet file rank 0 writes (load with `tracecal samples import`)")
+    return parser.parse_args(argv)
+
+
+def settings_from_args(args: argparse.Namespace, cuda: bool) -> CommSettings:
+    """CommSettings from the entry point's arguments (config first, flags override)."""
+    base = load_comm_config(args.config, args.cluster) if args.config else CommSettings(cluster=args.cluster)
+    changes: dict[str, Any] = {}
+    if args.sizes:
+        changes["sizes_bytes"] = tuple(parse_size(s) for s in args.sizes.split(","))
+    if args.collectives:
+        changes["collectives"] = tuple(c.strip() for c in args.collectives.split(","))
+    if args.dtype or not args.config:
+        changes["dtype"] = args.dtype or ("float16" if cuda else "float32")
+    for key in ("repeats", "warmup"):
+        if getattr(args, key) is not None:
+            changes[key] = getattr(args, key)
+    settings = CommSettings(**{**base.__dict__, **changes})
+    settings.check()
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """torchrun entry point: every rank samples, rank 0 writes to ``--db`` or ``--output``."""
+    import torch
+    import torch.distributed as dist
+
+    args = _parse_args(argv)
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        settings = settings_from_args(args, backend == "nccl")
+    except SampleError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    dist.init_process_group(backend)
+    try:
+        skip: list[Any] = [frozenset()]
+        if dist.get_rank() == 0 and args.db is not None and args.db.exists():
+            from tracecal.sql.connection import open_database
+            from tracecal.sql.samples import existing_sample_ids
+
+            with open_database(args.db, read_only=True) as con:
+                skip = [frozenset(existing_sample_ids(con, settings.cluster))]
+        dist.broadcast_object_list(skip, src=0)
+        table = run_rank(settings, skip[0])
+    finally:
+        dist.destroy_process_group()
+    if table is None:
+        return 0
+    if args.db is not None:
+        from tracecal.sql.connection import open_database
+        from tracecal.sql.samples import write_samples
+
+        with open_database(args.db) as con:
+            written = write_samples(con, table, origin="comm sampler")
+        sys.stderr.write(f"{written} comm samples written to {args.db} (cluster {settings.cluster})\n")
+    else:
+        write_parquet(table, args.output)
+        sys.stderr.write(f"{table.num_rows} comm samples written to {args.output}\n")
+    return 0
+
+
+def write_parquet(table: pa.Table, path: Path) -> None:
+    """Write sample rows as a Parquet file ``tracecal samples import`` reads (atomically renamed)."""
+    import pyarrow.parquet as pq
+
+    from tracecal.schema import SCHEMA_VERSION
+    from tracecal.sql.samples import PARQUET_META_SCHEMA, PARQUET_META_TABLE, conform_samples
+
+    table = conform_samples(table, origin=str(path)).replace_schema_metadata(
+        {PARQUET_META_TABLE: b"samples", PARQUET_META_SCHEMA: str(SCHEMA_VERSION).encode()}
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        pq.write_table(table, partial)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
