@@ -1,0 +1,407 @@
+"""The rules that infer the edges of the dependency graph (see ``tracecal.predict.graph``).
+
+Each rule reads the node table (one row per node, measured aligned times) and adds edges with a
+*nominal* lag; ``EdgeBuilder.fitted`` then sets every lag to ``min(measured difference, nominal)`` and
+lets the binding edge of every point absorb what is left, which makes the measured replay exact.
+Rules are vectorised (polars joins, as-of joins and numpy), never a Python loop over events.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import polars as pl
+
+EDGE_KINDS = (
+    "duration", "thread", "stream", "launch", "sync", "event_wait",
+    "coll_join", "coll_end", "issue", "wait", "marker",
+)  # fmt: skip
+"""Edge kind names; ``ReplayGraph.edge_kind`` holds indexes into this tuple."""
+_K = {name: i for i, name in enumerate(EDGE_KINDS)}
+
+
+BLOCKING_CALL = re.compile(
+    r"Synchronize|^(cuda|hip)Memcpy(2D|3D)?$|^(cuda|hip)Memset$|^(cuda|hip)Free$|^cuMemcpy[DH]to[DH]$"
+)
+"""Runtime calls that block the CPU until earlier GPU work finishes (their end waits for it)."""
+
+STREAM_WAIT = re.compile(r"StreamWaitEvent")
+"""Runtime calls that make a stream wait for work recorded on another stream."""
+
+WAIT_SHARE = 0.25
+"""A worker-thread collective ending while a thread is idle is taken as what the thread waited for
+(an un-traced ``work.wait()``) when the thread resumes within this share of its idle gap."""
+
+INF = np.iinfo(np.int64).max // 4
+NO_TIME = np.iinfo(np.int64).min // 4
+
+
+class EdgeBuilder:
+    """Accumulates edges as (src point, dst point, nominal lag, kind); lags are fitted at the end."""
+
+    def __init__(self, nodes: pl.DataFrame) -> None:
+        self.n = nodes.height
+        self.start = nodes["start_ns"].to_numpy()
+        self.end = nodes["end_ns"].to_numpy()
+        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, int]] = []
+        self.sync_nodes = np.zeros(self.n, dtype=bool)
+        self.duration_nominal = nodes["dur_ns"].to_numpy().astype(np.int64).copy()
+        empty = np.empty(0, np.int64)
+        self.thread_pairs: tuple[np.ndarray, np.ndarray] = (empty, empty)  # (prev node, node)
+        self.launch_pairs: tuple[np.ndarray, np.ndarray] | None = None  # (runtime node, activity)
+        self.waiting_nodes = empty  # ops that waited for a worker collective
+        self.typical_gap = 0
+
+    def add(self, src: np.ndarray, dst: np.ndarray, nominal: np.ndarray | int, kind: str) -> None:
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        if src.size == 0:
+            return
+        nom = np.broadcast_to(np.asarray(nominal, dtype=np.int64), src.shape)
+        self.parts.append((src, dst, nom, _K[kind]))
+
+    def fitted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """All edges, duration edges first (edge ``i`` is node ``i``'s start → end), with fitted lags.
+
+        Returns:
+            (src, dst, lag, kind, release): point ids, lags ns, kind indexes into ``EDGE_KINDS``,
+            and per point its release time (measured time for roots, ``NO_TIME`` otherwise).
+        """
+        n = self.n
+        idx = np.arange(n, dtype=np.int64)
+        parts = [(2 * idx, 2 * idx + 1, self.duration_nominal, _K["duration"]), *self.parts]
+        src = np.concatenate([p[0] for p in parts])
+        dst = np.concatenate([p[1] for p in parts])
+        nominal = np.concatenate([p[2] for p in parts])
+        kind = np.concatenate([np.full(p[0].size, p[3], dtype=np.int8) for p in parts])
+        t = np.empty(2 * n, dtype=np.int64)
+        t[0::2] = self.start
+        t[1::2] = self.end
+        lag = _absorb_slack(t, src, dst, np.minimum(t[dst] - t[src], nominal))
+        release = np.full(2 * n, NO_TIME, dtype=np.int64)
+        has_in = np.zeros(2 * n, dtype=bool)
+        has_in[dst] = True
+        release[~has_in] = t[~has_in]
+        return src, dst, lag, kind, release
+
+
+def infer_edges(nodes: pl.DataFrame) -> tuple[EdgeBuilder, np.ndarray]:
+    """Run every rule over the node table.
+
+    Returns:
+        The builder (call ``fitted()``) and the per-node duration role after the rules (collective
+        members become ``coupled``, blocking runtime calls ``sync``).
+    """
+    b = EdgeBuilder(nodes)
+    _thread_edges(b, nodes)
+    _stream_and_launch_edges(b, nodes)
+    _sync_edges(b, nodes)
+    _event_wait_edges(b, nodes)
+    coupled = _collective_edges(b, nodes)
+    _marker_edges(b, nodes)
+    _issue_and_wait_edges(b, nodes)  # last: it relaxes thread and marker edges into waiting ops
+    role = nodes["duration_role"].to_numpy().copy()
+    role[coupled] = "coupled"
+    role[b.sync_nodes] = "sync"
+    return b, role
+
+
+def _absorb_slack(t: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> np.ndarray:
+    """Add each point's unexplained delay to its binding edge, so measured replay is exact."""
+    val = t[src] + lag
+    order = np.lexsort((val, dst))
+    d_sorted = dst[order]
+    last = np.flatnonzero(np.r_[d_sorted[1:] != d_sorted[:-1], True])
+    binding = order[last]
+    slack = t[dst[binding]] - val[binding]
+    lag = lag.copy()
+    lag[binding] += np.maximum(slack, 0)
+    return lag
+
+
+def chain_predecessors(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """For rows sorted by (group, start): the index of the earlier row of the same group with the
+    latest end (the op a thread or stream was busy with last), or -1 for a group's first row."""
+    n = group.size
+    if n == 0:
+        return np.empty(0, dtype=np.int64)
+    new_group = np.r_[True, group[1:] != group[:-1]]
+    gid = np.cumsum(new_group) - 1
+    # running max of end per group: offset each group so a global accumulate cannot leak across groups
+    span = int(end.max() - end.min()) + 1 if n else 1
+    shifted = (end - end.min()) + gid.astype(np.int64) * span
+    cm = np.maximum.accumulate(shifted)
+    rec = np.where(shifted == cm, np.arange(n), -1)
+    last_rec = np.maximum.accumulate(rec)
+    prev = np.r_[-1, last_rec[:-1]]
+    prev[new_group] = -1
+    return prev.astype(np.int64)
+
+
+def _lane_chain(nodes: pl.DataFrame, mask: pl.Expr, lane: str) -> tuple[np.ndarray, np.ndarray]:
+    """(prev node, node) pairs of consecutive nodes on each (rank, lane)."""
+    sub = (
+        nodes.filter(mask & pl.col(lane).is_not_null())
+        .select("node", "rank", lane, "start_ns", "end_ns")
+        .sort(["rank", lane, "start_ns", "end_ns"])
+    )
+    if sub.height == 0:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    key = sub.select(pl.struct("rank", lane).rank("dense")).to_series().to_numpy()
+    prev = chain_predecessors(key, sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy())
+    node = sub["node"].to_numpy()
+    ok = prev >= 0
+    return node[prev[ok]], node[ok]
+
+
+def _thread_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
+    """CPU order per thread: runtime calls (GPU ranks) or compute operators (CPU-only ranks; their
+    communication ops are asynchronous work hung off the thread by issue/wait edges)."""
+    cpu = (pl.col("node_kind") == "runtime") | (
+        (pl.col("node_kind") == "activity") & pl.col("lane_stream").is_null() & ~pl.col("is_comm")
+    )
+    prev, node = _lane_chain(nodes, cpu, "lane_tid")
+    b.add(2 * prev + 1, 2 * node, INF, "thread")
+    b.thread_pairs = (prev, node)
+
+
+def _stream_and_launch_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
+    gpu = pl.col("node_kind").eq("activity") & pl.col("lane_stream").is_not_null()
+    prev, node = _lane_chain(nodes, gpu, "lane_stream")
+    b.add(2 * prev + 1, 2 * node, 0, "stream")
+
+    rt = nodes.filter(pl.col("node_kind") == "runtime").select(
+        "rank",
+        pl.col("event_id").alias("runtime_event_id"),
+        pl.col("node").alias("rt_node"),
+        pl.col("start_ns").alias("rt_start"),
+    )
+    if rt.height == 0:
+        return
+    launched = nodes.filter(gpu & pl.col("runtime_event_id").is_not_null()).join(
+        rt, on=["rank", "runtime_event_id"], how="inner"
+    )
+    if launched.height == 0:
+        return
+    # launch latency per rank: median over activities whose stream was idle when they were launched
+    prev_end = np.full(nodes.height, NO_TIME, dtype=np.int64)
+    prev_end[node] = b.end[prev]
+    lat = launched.with_columns(
+        (pl.col("start_ns") - pl.col("rt_start")).alias("_lat"),
+        # the stream was already empty when the launch call began: the delay is launch latency
+        (pl.Series(prev_end[launched["node"].to_numpy()]) < pl.col("rt_start")).alias("_idle"),
+    )
+    nominal = lat.join(
+        lat.filter(pl.col("_idle") & (pl.col("_lat") >= 0))
+        .group_by("rank")
+        .agg(pl.col("_lat").median().cast(pl.Int64).alias("_nominal")),
+        on="rank",
+        how="left",
+    )["_nominal"].fill_null(0)
+    b.add(2 * lat["rt_node"].to_numpy(), 2 * lat["node"].to_numpy(), nominal.to_numpy(), "launch")
+    b.launch_pairs = (lat["rt_node"].to_numpy(), lat["node"].to_numpy())
+
+
+def _sync_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
+    """A blocking runtime call ends after the latest-ending earlier-launched activity it overlapped."""
+    pairs = b.launch_pairs
+    if pairs is None:
+        return
+    rt_nodes, act_nodes = pairs
+    blocking = nodes.filter(
+        (pl.col("node_kind") == "runtime") & pl.col("name").str.contains(BLOCKING_CALL.pattern)
+    ).select("node", "rank", "start_ns", "end_ns")
+    if blocking.height == 0:
+        return
+    launched = pl.DataFrame(
+        {
+            "act": act_nodes,
+            "rank": nodes["rank"].to_numpy()[act_nodes],
+            "launch_ns": b.start[rt_nodes],
+            "act_end": b.end[act_nodes],
+        }
+    )
+    cand = (
+        blocking.join(launched, on="rank", how="inner")
+        .filter(
+            (pl.col("launch_ns") <= pl.col("start_ns"))
+            & (pl.col("act_end") >= pl.col("start_ns"))
+            & (pl.col("act_end") <= pl.col("end_ns"))
+        )
+        .sort("act_end")
+        .group_by("node")
+        .agg(pl.col("act").last(), pl.col("act_end").last(), pl.col("end_ns").first())
+    )
+    if cand.height == 0:
+        return
+    sync = cand["node"].to_numpy()
+    ret = (cand["end_ns"] - cand["act_end"]).to_numpy()
+    b.add(2 * cand["act"].to_numpy() + 1, 2 * sync + 1, INF, "sync")
+    b.duration_nominal[sync] = np.minimum(b.duration_nominal[sync], ret)
+    b.sync_nodes[sync] = True
+
+
+def _event_wait_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
+    """``cudaStreamWaitEvent``: the next activity launched by the thread waits for the activity last
+    launched on another stream of the rank before the call (what the recorded event marks)."""
+    pairs = b.launch_pairs
+    if pairs is None:
+        return
+    rt_nodes, act_nodes = pairs
+    waits = nodes.filter((pl.col("node_kind") == "runtime") & pl.col("name").str.contains(STREAM_WAIT.pattern)).select(
+        "rank", "lane_tid", pl.col("start_ns").alias("w_ts")
+    )
+    if waits.height == 0:
+        return
+    launched = pl.DataFrame(
+        {
+            "act": act_nodes,
+            "rank": nodes["rank"].to_numpy()[act_nodes],
+            "lane_tid": nodes["lane_tid"].to_numpy()[rt_nodes],
+            "stream": nodes["lane_stream"].to_numpy()[act_nodes],
+            "l_ts": b.start[rt_nodes],
+        }
+    ).sort("l_ts")
+    nxt = (
+        waits.sort("w_ts")
+        .join_asof(
+            launched.rename({"act": "next_act", "stream": "next_stream"}).drop_nulls("lane_tid"),
+            left_on="w_ts",
+            right_on="l_ts",
+            by=["rank", "lane_tid"],
+            strategy="forward",
+            check_sortedness=False,
+        )
+        .drop_nulls("next_act")
+    )
+    if nxt.height == 0:
+        return
+    # latest activity launched before the wait on a stream other than the next one's
+    cand = (
+        nxt.select("rank", "w_ts", "next_act", "next_stream")
+        .join(launched.select("rank", "act", "stream", "l_ts"), on="rank", how="inner")
+        .filter((pl.col("l_ts") < pl.col("w_ts")) & (pl.col("stream") != pl.col("next_stream")))
+        .sort("l_ts")
+        .group_by("next_act", "w_ts")
+        .agg(pl.col("act").last())
+    )
+    if cand.height == 0:
+        return
+    dep = cand["act"].to_numpy()
+    nxt_act = cand["next_act"].to_numpy()
+    ok = b.end[dep] <= b.start[nxt_act]  # an inferred dependency the trace contradicts is dropped
+    b.add(2 * dep[ok] + 1, 2 * nxt_act[ok], 0, "event_wait")
+
+
+def _collective_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> np.ndarray:
+    """Members join the instance (it starts when the last is ready) and end with it.
+
+    Returns the member nodes whose end now follows the instance (duration role ``coupled``)."""
+    inst = nodes.filter(pl.col("node_kind") == "collective").select(pl.col("node").alias("inst"), "match_id")
+    if inst.height == 0:
+        return np.empty(0, np.int64)
+    mem = nodes.filter((pl.col("node_kind") == "activity") & pl.col("match_id").is_not_null()).join(
+        inst, on="match_id", how="inner"
+    )
+    m = mem["node"].to_numpy()
+    c = mem["inst"].to_numpy()
+    b.add(2 * m, 2 * c, 0, "coll_join")
+    # a member that finished before the last member even started did not wait for the transfer
+    # (an eager send); the others end when the instance ends, give or take clock skew
+    tied = b.end[m] >= b.start[c]
+    b.add(2 * c[tied] + 1, 2 * m[tied] + 1, INF, "coll_end")
+    b.duration_nominal[m[tied]] = 0
+    return m[tied]
+
+
+def _issue_and_wait_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
+    """CPU-only ranks: communication ops (gloo, on a worker thread or as asynchronous spans on the
+    main thread) start after the latest main-thread op that began before them (the op that
+    enqueued them), and a main-thread op that resumed right after one ended waited for it."""
+    # iteration markers take part: the iteration start can issue work and the iteration end can wait
+    cpu = nodes.filter(
+        (((pl.col("node_kind") == "activity") & pl.col("lane_stream").is_null()) | (pl.col("node_kind") == "marker"))
+        & pl.col("main_tid").is_not_null()
+    ).select("node", "rank", "lane_tid", "main_tid", "is_comm", "start_ns", "end_ns")
+    comm = cpu.filter(pl.col("is_comm")).sort("start_ns")
+    on_main = cpu.filter(pl.col("lane_tid") == pl.col("main_tid")).sort("start_ns")
+    if comm.height == 0 or on_main.height == 0:
+        return
+    issuers = on_main.select(
+        "rank", pl.col("node").alias("issuer"), pl.col("start_ns").alias("i_ts"), pl.col("end_ns").alias("i_end")
+    )
+    # strictly earlier start, so an op is never its own issuer (ties broken by node order below)
+    iss = (
+        comm.with_columns((pl.col("start_ns") - 1).alias("_probe"))
+        .join_asof(issuers, left_on="_probe", right_on="i_ts", by="rank", strategy="backward", check_sortedness=False)
+        .drop_nulls("issuer")
+    )
+    ended = (iss["i_end"] <= iss["start_ns"]).to_numpy()
+    issuer = iss["issuer"].to_numpy()
+    target = iss["node"].to_numpy()
+    # enqueued after the issuer finished: follow its end; enqueued from inside it: follow its start
+    b.add(np.where(ended, 2 * issuer + 1, 2 * issuer), 2 * target, INF, "issue")
+    chain = on_main.filter(~pl.col("is_comm"))
+    if chain.height:
+        _wait_edges(b, chain, comm)
+        _relax_thread_edges(b)
+
+
+def _wait_edges(b: EdgeBuilder, main: pl.DataFrame, comm: pl.DataFrame) -> None:
+    """The first main-thread op starting after a worker collective ended waited for it (an un-traced
+    ``work.wait()``) when the main thread was idle at that moment and resumed within ``WAIT_SHARE``
+    of its gap."""
+    main_next = main.select(
+        "rank",
+        pl.col("node").alias("y"),
+        pl.col("start_ns").alias("y_ts"),
+        pl.col("end_ns").shift(1).over("rank").alias("z_end"),
+    )
+    comm = comm.sort("end_ns")
+    w = comm.join_asof(
+        main_next, left_on="end_ns", right_on="y_ts", by="rank", strategy="forward", check_sortedness=False
+    )
+    w = w.drop_nulls("y").filter(
+        pl.col("z_end").is_not_null()
+        & (pl.col("z_end") <= pl.col("end_ns"))
+        & ((pl.col("y_ts") - pl.col("end_ns")) <= WAIT_SHARE * (pl.col("y_ts") - pl.col("z_end")))
+    )
+    if w.height == 0:
+        return
+    w = w.sort("end_ns").group_by("y").agg(pl.col("node").last())
+    y = w["y"].to_numpy()
+    b.add(2 * w["node"].to_numpy() + 1, 2 * y, INF, "wait")
+    # the waiting op's own thread gap is mostly the wait: keep only the thread's typical gap
+    thread_prev, thread_node = b.thread_pairs
+    gaps = b.start[thread_node] - b.end[thread_prev]
+    b.typical_gap = int(np.median(gaps[gaps >= 0])) if (gaps >= 0).any() else 0
+    b.waiting_nodes = y
+
+
+def _relax_thread_edges(b: EdgeBuilder) -> None:
+    """Thread edges into ops that waited for communication keep only the thread's typical gap, so a
+    shorter (predicted) collective lets the thread resume earlier."""
+    relaxed = (_K["thread"], _K["marker"])
+    for i, (src, dst, nom, kind) in enumerate(b.parts):
+        if kind not in relaxed:
+            continue
+        nom = nom.copy()
+        nom[np.isin(dst // 2, b.waiting_nodes)] = b.typical_gap
+        b.parts[i] = (src, dst, nom, kind)
+
+
+def _marker_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
+    """CPU-only ranks: iteration start → first op of the main thread; its last op → iteration end."""
+    mk = nodes.filter(pl.col("node_kind") == "marker").select("node", "rank", "name")
+    if mk.height == 0:
+        return
+    main = nodes.filter(
+        (pl.col("node_kind") == "activity") & (pl.col("lane_tid") == pl.col("main_tid")) & ~pl.col("is_comm")
+    ).select("node", "rank", "start_ns", "end_ns")
+    first = main.sort("start_ns").group_by("rank").agg(pl.col("node").first().alias("first"))
+    last = main.sort("end_ns").group_by("rank").agg(pl.col("node").last().alias("last"))
+    starts = mk.filter(pl.col("name") == "iteration_start").join(first, on="rank", how="inner")
+    ends = mk.filter(pl.col("name") == "iteration_end").join(last, on="rank", how="inner")
+    b.add(2 * starts["node"].to_numpy() + 1, 2 * starts["first"].to_numpy(), INF, "marker")
+    b.add(2 * ends["last"].to_numpy() + 1, 2 * ends["node"].to_numpy(), INF, "marker")

@@ -1,0 +1,367 @@
+"""Dependency graph of one iteration across all ranks (SPEC §7), as timed points and lagged edges.
+
+Every node (a GPU activity, a CPU operator, a runtime call, a collective instance, an iteration
+marker) is two points: its start ``2·node`` and its end ``2·node + 1``. An edge ``src → dst`` with lag
+``ℓ`` says "``dst`` happens no earlier than ``src + ℓ``"; a point happens at the latest of its incoming
+constraints (a root at its measured time). The edges:
+
+=============  ============================================================================  =========
+kind           meaning                                                                       lag
+=============  ============================================================================  =========
+duration       start → end of a node                                                         its duration
+thread         previous CPU op on the thread → next (measured gap kept)                      gap
+stream         previous activity on a GPU stream → next                                      ≤ gap, 0
+launch         runtime call start → the activity it launched (correlation)                   ≤ launch latency
+sync           awaited GPU activity end → end of a blocking call (device/stream synchronize,  return latency
+               synchronous memcpy)
+event_wait     activity before a ``cudaStreamWaitEvent`` → next activity launched after it   0
+coll_join      each member's start → the collective instance's start (the last member)       0
+coll_end       the instance's end → each member's end (they end together)                    clock skew
+issue          CPU op that enqueued async work → its start on a worker thread (gloo)          measured
+wait           worker-thread collective end → the next op of a thread blocked on it          measured
+marker         iteration start → first op; last op → iteration end (CPU-only ranks)          gap
+=============  ============================================================================  =========
+
+Lags are taken from the measured trace as ``min(measured difference, nominal)`` and then the binding
+edge of every point absorbs whatever is left unexplained, so replaying with measured durations
+reproduces every measured time exactly; what changes in a prediction is only the durations (of
+operators and of collective transfers), and each point then follows its dependencies.
+
+Times are aligned across ranks (``ts_ns + ranks.clock_offset_ns``) and made relative to the earliest
+point of the graph. Everything is built with vectorised frame/array operations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import polars as pl
+
+from tracecal.errors import PredictionError
+from tracecal.predict.edges import EDGE_KINDS, infer_edges
+
+GPU_KINDS = ("kernel", "memcpy", "memset")
+"""Operator kinds that run on a GPU stream (the rest are CPU operators of CPU-only traces)."""
+
+
+@dataclass(frozen=True)
+class ReplayInputs:
+    """What the graph is built from: one iteration of one run, all ranks (frames are polars).
+
+    Attributes:
+        activities: one row per operator of the iteration (``operators`` rows): rank, event_id, kind,
+            name, ts_ns, dur_ns, stream, cpu_tid, runtime_event_id, family, component, plus any
+            feature columns the duration models need (kept, not interpreted here). Collective members
+            that are not operators (e.g. a gloo op missing from ``operators``) are added by the loader.
+        collectives: ``collectives`` rows of the iteration: rank, event_id, match_id, name, role,
+            plus communication features. Members are joined to activities on (rank, event_id).
+        runtime: CPU runtime/driver calls of the iteration window (GPU traces): rank, event_id, name,
+            ts_ns, dur_ns, tid. Empty for CPU-only traces.
+        ranks: one row per rank: rank, clock_offset_ns, window_start_ns, window_end_ns (the
+            iteration marker on the CPU), main_tid (the marker's thread; NULL when unknown).
+    """
+
+    activities: pl.DataFrame
+    collectives: pl.DataFrame
+    runtime: pl.DataFrame
+    ranks: pl.DataFrame
+
+
+@dataclass(frozen=True)
+class ReplayGraph:
+    """A built graph. ``nodes`` has one row per node in node order with columns node, rank,
+    node_kind (activity, runtime, collective, marker), event_id, name, family, component, kind,
+    role, match_id, start_ns, end_ns (measured, aligned, relative to ``origin_ns``), dur_ns,
+    duration_role (own: its duration edge is the operator's duration and may be predicted;
+    coupled: a collective member whose end follows the instance; sync: a blocking call; fixed),
+    in_span (the node bounds its rank's iteration span), plus the activity feature columns.
+
+    Edge arrays are aligned: ``src``/``dst`` point ids, ``lag`` ns, ``edge_kind`` index into
+    ``EDGE_KINDS``. ``duration_edge[node]`` is the index of the node's start → end edge.
+    """
+
+    nodes: pl.DataFrame
+    src: np.ndarray
+    dst: np.ndarray
+    lag: np.ndarray
+    edge_kind: np.ndarray
+    duration_edge: np.ndarray
+    origin_ns: int
+    release: np.ndarray = field(repr=False)
+
+    @property
+    def n_points(self) -> int:
+        return 2 * self.nodes.height
+
+    @cached_property
+    def measured_times(self) -> np.ndarray:
+        """Measured time of every point (start, end interleaved), relative ns."""
+        t = np.empty(self.n_points, dtype=np.int64)
+        t[0::2] = self.nodes["start_ns"].to_numpy()
+        t[1::2] = self.nodes["end_ns"].to_numpy()
+        return t
+
+    @cached_property
+    def schedule(self) -> Schedule:
+        """Topological levels of the points (computed once, reused by every replay)."""
+        return topological_schedule(self.n_points, self.src, self.dst)
+
+    def edge_counts(self) -> dict[str, int]:
+        counts = np.bincount(self.edge_kind, minlength=len(EDGE_KINDS))
+        return {name: int(c) for name, c in zip(EDGE_KINDS, counts, strict=True)}
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Edges grouped by the topological level of their destination.
+
+    ``edge_order`` lists edge indexes level by level; ``level_bounds[i]:level_bounds[i+1]`` slices
+    the edges whose destination is on level ``i + 1`` (level 0 holds only roots)."""
+
+    edge_order: np.ndarray
+    level_bounds: np.ndarray
+    roots: np.ndarray
+
+
+# --- building ----------------------------------------------------------------------------------------
+
+
+def build_graph(inputs: ReplayInputs) -> ReplayGraph:
+    """Build the dependency graph of one iteration (see the module docstring for the edges).
+
+    Raises:
+        PredictionError: no activities, or the constraints form a cycle.
+    """
+    if inputs.activities.height == 0:
+        raise PredictionError("the iteration has no operators to replay; was the run decoded?")
+    inputs = _normalized(inputs)
+    offsets = inputs.ranks.select("rank", pl.col("clock_offset_ns").fill_null(0).cast(pl.Int64).alias("_offset"))
+    nodes = _node_table(inputs, offsets)
+    origin = int(nodes["start_ns"].min())  # type: ignore[arg-type]
+    nodes = nodes.with_columns(pl.col("start_ns") - origin, pl.col("end_ns") - origin)
+    nodes = nodes.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("node"))
+
+    builder, role = infer_edges(nodes)
+    nodes = nodes.with_columns(pl.Series("duration_role", role))
+    src, dst, lag, kind, release = builder.fitted()
+    return ReplayGraph(
+        nodes=nodes,
+        src=src,
+        dst=dst,
+        lag=lag,
+        edge_kind=kind,
+        duration_edge=np.arange(nodes.height, dtype=np.int64),
+        origin_ns=origin,
+        release=release,
+    )
+
+
+_KEY_TYPES = {
+    "rank": pl.Int64,
+    "event_id": pl.Int64,
+    "match_id": pl.Int64,
+    "ts_ns": pl.Int64,
+    "dur_ns": pl.Int64,
+    "tid": pl.Int64,
+    "cpu_tid": pl.Int64,
+    "stream": pl.Int64,
+    "runtime_event_id": pl.Int64,
+    "name": pl.String,
+    "role": pl.String,
+    "family": pl.String,
+    "component": pl.String,
+    "kind": pl.String,
+    "main_tid": pl.Int64,
+    "clock_offset_ns": pl.Int64,
+    "window_start_ns": pl.Int64,
+    "window_end_ns": pl.Int64,
+}
+
+
+def _normalized(inputs: ReplayInputs) -> ReplayInputs:
+    """Cast the columns the graph joins and computes on to one type (frames from SQL, Arrow or code)."""
+
+    def cast(frame: pl.DataFrame) -> pl.DataFrame:
+        return frame.with_columns(pl.col(c).cast(t) for c, t in _KEY_TYPES.items() if c in frame.columns)
+
+    return ReplayInputs(*(cast(f) for f in (inputs.activities, inputs.collectives, inputs.runtime, inputs.ranks)))
+
+
+def _node_table(inputs: ReplayInputs, offsets: pl.DataFrame) -> pl.DataFrame:
+    """All nodes of the graph with measured aligned times (absolute) and their lanes."""
+    acts = inputs.activities
+    if "tid" not in acts.columns:
+        acts = acts.with_columns(pl.col("cpu_tid").alias("tid"))
+    is_gpu = pl.col("kind").is_in(GPU_KINDS)
+    acts = (
+        acts.join(offsets, on="rank", how="left")
+        .with_columns(
+            pl.lit("activity").alias("node_kind"),
+            (pl.col("ts_ns") + pl.col("_offset").fill_null(0)).alias("start_ns"),
+            pl.col("dur_ns").fill_null(0).clip(lower_bound=0).alias("dur_ns"),
+            pl.when(is_gpu).then(pl.col("stream")).otherwise(None).cast(pl.Int64).alias("lane_stream"),
+            pl.when(is_gpu).then(None).otherwise(pl.col("tid")).cast(pl.Int64).alias("lane_tid"),
+            pl.col("runtime_event_id").cast(pl.Int64)
+            if "runtime_event_id" in acts.columns
+            else pl.lit(None, pl.Int64).alias("runtime_event_id"),
+            pl.lit("own").alias("duration_role"),
+        )
+        .drop("_offset")
+    )
+    # collective membership: (rank, event_id) -> match_id, role
+    coll = inputs.collectives.select(
+        "rank",
+        "event_id",
+        pl.col("match_id").cast(pl.Int64),
+        pl.col("role").cast(pl.String),
+        pl.col("name").alias("coll_name"),
+    ).unique(subset=["rank", "event_id"], keep="first")
+    acts = acts.join(coll, on=["rank", "event_id"], how="left")
+    acts = acts.with_columns((pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
+
+    gpu_ranks = acts.filter(is_gpu).select("rank").unique()
+    acts = acts.with_columns(
+        pl.when(pl.col("rank").is_in(gpu_ranks["rank"].implode())).then(is_gpu).otherwise(False).alias("in_span")
+    )
+
+    rt = inputs.runtime
+    if rt.height:
+        rt = (
+            rt.join(offsets, on="rank", how="left")
+            .select(
+                "rank",
+                pl.col("event_id").cast(pl.Int64),
+                "name",
+                (pl.col("ts_ns") + pl.col("_offset").fill_null(0)).alias("start_ns"),
+                pl.col("dur_ns").fill_null(0).clip(lower_bound=0).alias("dur_ns"),
+                pl.col("tid").cast(pl.Int64).alias("lane_tid"),
+            )
+            .with_columns(
+                (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"),
+                pl.lit("runtime").alias("node_kind"),
+                pl.lit("fixed").alias("duration_role"),
+                pl.lit(False).alias("in_span"),
+            )
+        )
+
+    # one virtual node per matched collective instance; its times are filled by _collective_edges
+    members = acts.filter(pl.col("match_id").is_not_null())
+    inst = (
+        members.group_by("match_id")
+        .agg(
+            pl.col("rank").min(),
+            pl.col("coll_name").first().alias("name"),
+            pl.col("role").first(),
+            pl.col("start_ns").max().alias("_last_start"),
+            pl.col("end_ns").max().alias("_last_end"),
+            pl.len().alias("members"),
+        )
+        .select(
+            "rank",
+            "match_id",
+            "name",
+            "role",
+            "members",
+            pl.col("_last_start").alias("start_ns"),
+            pl.col("_last_end").alias("end_ns"),
+            (pl.col("_last_end") - pl.col("_last_start")).alias("dur_ns"),
+            pl.lit("collective").alias("node_kind"),
+            pl.lit("comm").alias("family"),
+            pl.lit("own").alias("duration_role"),
+            pl.lit(False).alias("in_span"),
+        )
+        .sort("match_id")
+    )
+
+    # CPU-only ranks: the iteration marker is the span (start and end points of two marker nodes)
+    cpu_ranks = inputs.ranks.filter(~pl.col("rank").is_in(gpu_ranks["rank"].implode()))
+    markers = pl.DataFrame()
+    if cpu_ranks.height:
+        cr = cpu_ranks.join(offsets, on="rank", how="left").with_columns(
+            (pl.col("window_start_ns") + pl.col("_offset")).alias("_s"),
+            (pl.col("window_end_ns") + pl.col("_offset")).alias("_e"),
+        )
+        markers = pl.concat(
+            [
+                cr.select(
+                    "rank",
+                    pl.col("_s").alias("start_ns"),
+                    pl.col("_s").alias("end_ns"),
+                    pl.lit("iteration_start").alias("name"),
+                    pl.col("main_tid").cast(pl.Int64).alias("lane_tid"),
+                ),
+                cr.select(
+                    "rank",
+                    pl.col("_e").alias("start_ns"),
+                    pl.col("_e").alias("end_ns"),
+                    pl.lit("iteration_end").alias("name"),
+                    pl.col("main_tid").cast(pl.Int64).alias("lane_tid"),
+                ),
+            ]
+        ).with_columns(
+            pl.lit(0, pl.Int64).alias("dur_ns"),
+            pl.lit("marker").alias("node_kind"),
+            pl.lit("fixed").alias("duration_role"),
+            pl.lit(True).alias("in_span"),
+        )
+
+    acts = acts.with_columns(
+        ((pl.col("family") == "comm").fill_null(False) | pl.col("match_id").is_not_null()).alias("is_comm")
+    )
+    frames = [acts.drop("coll_name"), rt, inst, markers]
+    nodes = pl.concat([f for f in frames if f.height], how="diagonal_relaxed")
+    nodes = nodes.with_columns(pl.col("is_comm").fill_null(False))
+    main = inputs.ranks.select("rank", pl.col("main_tid").cast(pl.Int64))
+    return nodes.join(main, on="rank", how="left")
+
+
+# --- ordering ------------------------------------------------------------------------------------------
+
+
+def topological_schedule(n_points: int, src: np.ndarray, dst: np.ndarray) -> Schedule:
+    """Kahn's algorithm, one numpy pass per level (levels ≈ the longest chain, not the point count).
+
+    Raises:
+        PredictionError: the edges form a cycle.
+    """
+    indeg = np.bincount(dst, minlength=n_points).astype(np.int64)
+    by_src = np.argsort(src, kind="stable")
+    offsets = np.searchsorted(src[by_src], np.arange(n_points + 1))
+    frontier = np.flatnonzero(indeg == 0)
+    roots = frontier
+    chunks: list[np.ndarray] = []
+    bounds = [0]
+    done = frontier.size
+    while frontier.size:
+        lo = offsets[frontier]
+        counts = offsets[frontier + 1] - lo
+        total = int(counts.sum())
+        if total == 0:
+            break
+        first = np.repeat(lo - np.cumsum(counts) + counts, counts)
+        edges = by_src[first + np.arange(total)]
+        chunks.append(edges)
+        targets, hits = np.unique(dst[edges], return_counts=True)
+        indeg[targets] -= hits
+        frontier = targets[indeg[targets] == 0]
+        done += frontier.size
+        bounds.append(bounds[-1] + total)
+    if done != n_points:
+        raise PredictionError(
+            f"the dependency graph has a cycle through {n_points - done} points; "
+            "the trace's ordering is inconsistent (report this run)"
+        )
+    # edges were emitted when their source finished; group them by destination level instead
+    edge_order = np.concatenate(chunks) if chunks else np.empty(0, np.int64)
+    level = np.zeros(n_points, dtype=np.int64)
+    emit_level = np.repeat(np.arange(1, len(bounds)), np.diff(bounds))
+    # a destination's level is the last round in which one of its incoming edges was emitted
+    np.maximum.at(level, dst[edge_order], emit_level)
+    lv = level[dst[edge_order]]
+    order = np.argsort(lv, kind="stable")
+    edge_order = edge_order[order]
+    lv = lv[order]
+    level_bounds = np.searchsorted(lv, np.arange(1, (lv.max() if lv.size else 0) + 2))
+    return Schedule(edge_order=edge_order, level_bounds=level_bounds, roots=roots)
