@@ -1,0 +1,1 @@
+"""Importers of sample sets measured by other tools (``tracecal samples import --format ...``)."""
