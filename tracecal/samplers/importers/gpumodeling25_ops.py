@@ -82,14 +82,14 @@ def _heads(r: Row) -> tuple[int, int]:
 
 def _baddbmm(r: Row) -> Features:
     hp, d = _heads(r)
-    bh, l = r["b"] * hp, r["l"]
-    return shape_row("aten::baddbmm", [[bh, l, l], [bh, l, d], [bh, d, l]], [HALF, HALF, HALF])
+    bh, seq = r["b"] * hp, r["l"]
+    return shape_row("aten::baddbmm", [[bh, seq, seq], [bh, seq, d], [bh, d, seq]], [HALF, HALF, HALF])
 
 
 def _bmm(r: Row) -> Features:
     hp, d = _heads(r)
-    bh, l = r["b"] * hp, r["l"]
-    return shape_row("aten::bmm", [[bh, l, l], [bh, l, d]], [HALF, HALF])
+    bh, seq = r["b"] * hp, r["l"]
+    return shape_row("aten::bmm", [[bh, seq, seq], [bh, seq, d]], [HALF, HALF])
 
 
 def _softmax(r: Row) -> Features:
