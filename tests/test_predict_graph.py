@@ -13,6 +13,8 @@ from tracecal.predict.edges import EDGE_KINDS, chain_predecessors
 from tracecal.predict.graph import ReplayInputs, build_graph, topological_schedule
 from tracecal.predict.replay import edge_lags, replay
 
+ACT_COLUMNS = ("rank", "event_id", "kind", "name", "ts_ns", "dur_ns", "stream", "cpu_tid", "runtime_event_id")
+ACT_COLUMNS += ("family", "component")
 RUNTIME_SCHEMA = {
     "rank": pl.Int64,
     "event_id": pl.Int64,
@@ -235,8 +237,7 @@ def random_gpu_iteration(draw):
             t_cpu += rt_dur
     a = pl.DataFrame(
         acts,
-        schema=["rank", "event_id", "kind", "name", "ts_ns", "dur_ns", "stream", "cpu_tid", "runtime_event_id"]
-        + ["family", "component"],
+        schema=[*ACT_COLUMNS],
         orient="row",
     )
     c = pl.DataFrame(colls, schema=["rank", "event_id", "match_id", "name", "role"], orient="row")
