@@ -13,6 +13,7 @@ from tracecal.config import Settings
 from tracecal.errors import TracecalError
 from tracecal.ingest.discover import ParallelLayout
 from tracecal.sql.connection import open_database
+from tracecal.sql.decoding import DecodeSummary
 from tracecal.sql.load import IngestOptions, IngestReport, Progress, ingest_runs
 
 
@@ -102,14 +103,28 @@ def _print_report(report: IngestReport, db_path: Path) -> None:
             round(r.seconds, 2),
             round(r.source_bytes / 1e6, 1),
             round(r.mb_per_s, 1),
+            *_decode_cells(r.decode),
         ]
         for r in report.runs
     ]
     render_rows(
         f"ingested into {db_path} in {report.seconds:.2f} s",
-        ["run", "format", "ranks", "pp x tp x dp", "events", "kernels", "seconds", "MB", "MB/s"],
+        ["run", "format", "ranks", "pp x tp x dp", "events", "kernels", "seconds", "MB", "MB/s", *_DECODE_COLUMNS],
         rows,
     )
+
+
+_DECODE_COLUMNS = ["operators", "linked", "iterations", "best iteration", "best ms"]
+
+
+def _decode_cells(d: DecodeSummary | None) -> list[object]:
+    """Decode figures for the summary row (issue 3): operators, kernel time linked, iterations, best."""
+    if d is None:
+        return [None] * len(_DECODE_COLUMNS)
+    linked = None if d.linked_kernel_share is None else f"{100 * d.linked_kernel_share:.1f} %"
+    iters = d.iterations if d.markers_found else f"{d.iterations} (no markers)"
+    best_ms = None if d.best_iteration_ns is None else round(d.best_iteration_ns / 1e6, 3)
+    return [d.operators, linked, iters, d.best_iteration, best_ms]
 
 
 def main() -> None:

@@ -87,6 +87,8 @@ def clock_offsets(collectives: pl.DataFrame, ranks: list[int], iterations: int =
             schema=schema,
         )
     m = collectives.filter(pl.col("match_id").is_not_null()).select("rank", "match_id", "end_ns")
+    # relative to the earliest end: absolute ns (~1.7e18) are beyond float64's exact integers
+    m = m.with_columns((pl.col("end_ns") - pl.col("end_ns").min()).alias("end_ns"))
     offsets = pl.DataFrame({"rank": ranks, "off": [0.0] * len(ranks)}, schema={"rank": pl.Int32, "off": pl.Float64})
     if m.height == 0:
         return offsets.select(

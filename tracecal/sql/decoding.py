@@ -74,10 +74,10 @@ def _insert(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame) -
 def _layout(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[Layout, int | None, int | None]:
     row = con.execute(
         "SELECT world_size, pp, tp, dp, nodes, gpus_per_node FROM runs WHERE run_id = ?", [run_id]
-    ).fetchone()
-    if row is None:
+    ).fetchall()
+    if not row:
         raise RunNotFoundError(f"run {run_id!r} is not in the database; list runs with: tracecal runs")
-    world, pp, tp, dp, nodes, gpn = row
+    world, pp, tp, dp, nodes, gpn = row[0]
     return Layout(world_size=world, pp=pp, tp=tp, dp=dp), nodes, gpn
 
 

@@ -39,6 +39,7 @@ from tracecal.ingest.discover import (
 from tracecal.ingest.parse import parse_trace_file
 from tracecal.ingest.trace import ParsedRank
 from tracecal.schema import RANKS, RUN_TABLES, RUNS, arrow_schema
+from tracecal.sql.decoding import DecodeSummary, decode_stored_run
 
 OnError = Literal["raise", "skip"]
 
@@ -90,6 +91,7 @@ class RunReport:
     missing_ranks: tuple[int, ...]
     layout: ParallelLayout
     skipped: tuple[Skipped, ...] = ()
+    decode: DecodeSummary | None = None
 
     @property
     def mb_per_s(self) -> float:
@@ -230,9 +232,8 @@ def _ingest_run(
             [_run_row(run_id, run, options, layout, world_size, len(ranks), seconds)],
         )
 
-        # Step 4 (decode, issue 3): derived tables are computed here, inside the run's
-        # transaction, after its events are stored:
-        #     decode_stored_run(con, run_id, iteration_marker=options.iteration_marker)
+        # Step 4: decode (operators, collectives, iterations) inside the run's transaction.
+        decoded = decode_stored_run(con, run_id, iteration_marker=options.iteration_marker)
 
         con.execute("COMMIT")
     except BaseException:
@@ -252,6 +253,7 @@ def _ingest_run(
         missing_ranks=tuple(missing_ranks(sorted(owners), world_size)),
         layout=layout,
         skipped=tuple(skipped),
+        decode=decoded,
     )
 
 
