@@ -11,6 +11,7 @@ import typer
 from tracecal.cli import ingest as ingest_cmd
 from tracecal.cli import iterations as iterations_cmd
 from tracecal.cli import query
+from tracecal.cli import sample as sample_cmd
 from tracecal.cli import workload as workload_cmd
 
 app = typer.Typer(
@@ -26,6 +27,7 @@ app.command("runs")(query.runs)
 app.command("ingest")(ingest_cmd.ingest)
 app.command("iterations")(iterations_cmd.iterations)
 app.add_typer(workload_cmd.app, name="workload")
+app.add_typer(sample_cmd.app, name="sample")
 
 
 if __name__ == "__main__":

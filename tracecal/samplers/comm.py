@@ -423,43 +423,62 @@ def settings_from_args(args: argparse.Namespace, cuda: bool) -> CommSettings:
     return settings
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """torchrun entry point: every rank samples, rank 0 writes to ``--db`` or ``--output``."""
-    import torch
+def under_torchrun() -> bool:
+    """True when this process is one rank of a torchrun/torch.distributed launch."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def run_distributed(settings: CommSettings, backend: str, db: Path | None, output: Path | None) -> int | None:
+    """Join the launcher's process group, sample, and on rank 0 write to ``db`` or ``output``.
+
+    Returns the rows written on rank 0, None on other ranks. Rank 0 skips points already stored in
+    ``db`` (resume) and tells the other ranks which.
+    """
     import torch.distributed as dist
 
-    args = _parse_args(argv)
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    try:
-        settings = settings_from_args(args, backend == "nccl")
-    except SampleError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
+    if (db is None) == (output is None):
+        raise SampleError("give exactly one of --db or --output for rank 0 to write to")
+    settings.check()
     dist.init_process_group(backend)
     try:
         skip: list[Any] = [frozenset()]
-        if dist.get_rank() == 0 and args.db is not None and args.db.exists():
+        if dist.get_rank() == 0 and db is not None and db.exists():
             from tracecal.sql.connection import open_database
             from tracecal.sql.samples import existing_sample_ids
 
-            with open_database(args.db, read_only=True) as con:
+            with open_database(db, read_only=True) as con:
                 skip = [frozenset(existing_sample_ids(con, settings.cluster))]
         dist.broadcast_object_list(skip, src=0)
         table = run_rank(settings, skip[0])
     finally:
         dist.destroy_process_group()
     if table is None:
-        return 0
-    if args.db is not None:
+        return None
+    if db is not None:
         from tracecal.sql.connection import open_database
         from tracecal.sql.samples import write_samples
 
-        with open_database(args.db) as con:
-            written = write_samples(con, table, origin="comm sampler")
-        sys.stderr.write(f"{written} comm samples written to {args.db} (cluster {settings.cluster})\n")
-    else:
-        write_parquet(table, args.output)
-        sys.stderr.write(f"{table.num_rows} comm samples written to {args.output}\n")
+        with open_database(db) as con:
+            return write_samples(con, table, origin="comm sampler")
+    assert output is not None
+    write_parquet(table, output)
+    return table.num_rows
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """torchrun entry point: every rank samples, rank 0 writes to ``--db`` or ``--output``."""
+    import torch
+
+    args = _parse_args(argv)
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        settings = settings_from_args(args, backend == "nccl")
+        written = run_distributed(settings, backend, args.db, args.output)
+    except SampleError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return 2
+    if written is not None:
+        sys.stderr.write(f"{written} comm samples written to {args.db or args.output} (cluster {settings.cluster})\n")
     return 0
 
 

@@ -166,6 +166,15 @@ def shard(points: Sequence[GridPoint], parts: int, part: int) -> list[GridPoint]
     return [p for i, p in enumerate(points) if i % parts == part - 1]
 
 
+def with_dtypes(points: Sequence[GridPoint], dtypes: Sequence[str] | None) -> list[GridPoint]:
+    """``points`` with each dtype replaced by every one of ``dtypes`` (``--dtype``), without duplicates;
+    ``points`` unchanged when ``dtypes`` is empty."""
+    if not dtypes:
+        return list(points)
+    out = (GridPoint(p.family, p.op, p.direction, d, p.dims) for p in points for d in dtypes)
+    return list(dict.fromkeys(out))
+
+
 def _str_list(value: Any, where: str, key: str) -> list[str]:
     items = value if isinstance(value, list) else [value]
     if not items or not all(isinstance(v, str) for v in items):

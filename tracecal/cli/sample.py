@@ -1,0 +1,153 @@
+"""`tracecal sample compute` and `tracecal sample comm`: run microbenchmarks and store the samples."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from tracecal.cli.common import DbOption, progress_bar, render_rows, stdout, user_errors, warn
+from tracecal.config import Settings
+from tracecal.errors import SampleError
+
+app = typer.Typer(
+    help="Run microbenchmarks (GPU, or CPU where there is none) and store samples for a cluster.",
+    no_args_is_help=True,
+)
+
+ClusterOption = Annotated[str, typer.Option("--cluster", help="Cluster the samples belong to (e.g. perlmutter).")]
+RepeatsOption = Annotated[int | None, typer.Option("--repeats", min=1, help="Timed repeats per point.")]
+WarmupOption = Annotated[int | None, typer.Option("--warmup", min=0, help="Untimed calls before timing.")]
+
+
+@app.command("compute")
+def compute(
+    cluster: ClusterOption,
+    config: Annotated[
+        str | None, typer.Option("--config", help="Grid YAML: a path, or a shipped name (ci, gpt-small, ...).")
+    ] = None,
+    from_run: Annotated[
+        str | None, typer.Option("--from-run", help="Sample exactly the compute calls of this ingested run.")
+    ] = None,
+    device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N.")] = "cpu",
+    dtype: Annotated[
+        list[str] | None, typer.Option("--dtype", help="float32, float16, bfloat16 (repeatable); overrides the grid.")
+    ] = None,
+    family: Annotated[
+        list[str] | None, typer.Option("--family", help="Only these families (repeatable): gemm, attention, ...")
+    ] = None,
+    parts: Annotated[int, typer.Option("--parts", min=1, help="Split the points into N parts ...")] = 1,
+    part: Annotated[int, typer.Option("--part", min=1, help="... and run part K (1-based).")] = 1,
+    repeats: RepeatsOption = None,
+    warmup: WarmupOption = None,
+    threads: Annotated[
+        int | None, typer.Option("--threads", min=1, help="CPU: torch threads while sampling (default 1).")
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Time compute operators over a grid or the shapes of a run, forward and backward, and store the
+    samples. Resumable: points already stored for the cluster are skipped."""
+    with user_errors():
+        from tracecal.samplers.compute import ComputeSettings, sample_compute
+        from tracecal.samplers.from_run import run_points
+        from tracecal.samplers.grid import load_grid, shard, with_dtypes
+        from tracecal.sql.connection import open_database
+
+        if (config is None) == (from_run is None):
+            raise SampleError("give exactly one of --config GRID or --from-run RUN")
+        settings = Settings.resolve(db)
+        with open_database(settings.db_path) as con:
+            extra = None
+            if from_run is not None:
+                plan = run_points(con, from_run, dtype)
+                points, source, extra = plan.points, f"run:{from_run}", plan.params_for
+                for (op, reason), count in sorted(plan.unmapped.items()):
+                    warn(f"{from_run}: {count} distinct {op} call(s) not sampled: {reason}")
+            else:
+                grid = load_grid(config or "")
+                points, source = with_dtypes(list(grid.points), dtype), grid.source
+            if family:
+                points = [p for p in points if p.family in family]
+            points = shard(points, parts, part)
+            if not points:
+                raise SampleError("no points to sample after --family/--dtype/--part filtering")
+            defaults = ComputeSettings(cluster=cluster)
+            run = ComputeSettings(
+                cluster=cluster,
+                device=device,
+                warmup=defaults.warmup if warmup is None else warmup,
+                repeats=defaults.repeats if repeats is None else repeats,
+                source_file=source,
+                threads=threads if threads is not None else defaults.threads,
+            )
+            with progress_bar() as bar:
+                task = bar.add_task("sampling", total=None)
+
+                def progress(done: int, total: int, label: str) -> None:
+                    bar.update(task, completed=done, total=total, description=label)
+
+                report = sample_compute(con, points, run, progress=progress, extra_params=extra)
+        stdout.print(
+            f"{cluster}: {report.planned} points, {report.already_stored} already stored, "
+            f"{report.written} written, {len(report.skipped)} skipped in {report.seconds:.1f} s "
+            f"(device {device}, database {settings.db_path})"
+        )
+        if report.skipped:
+            render_rows("skipped points", ["reason", "points"], sorted(report.skipped_reasons().items()))
+
+
+@app.command("comm")
+def comm(
+    cluster: ClusterOption,
+    world_size: Annotated[
+        int, typer.Option("--world-size", min=2, help="Local gloo processes to spawn (ignored under torchrun).")
+    ] = 2,
+    config: Annotated[
+        str | None, typer.Option("--config", help="Comm config YAML: a path, or comm-ci / comm-sweep.")
+    ] = None,
+    sizes: Annotated[
+        str | None, typer.Option("--sizes", help="Comma-separated sizes in bytes: 4096,64K,1M (nccl-tests S).")
+    ] = None,
+    collectives: Annotated[
+        str | None, typer.Option("--collectives", help="Comma-separated subset of all_reduce,all_gather,...")
+    ] = None,
+    dtype: Annotated[str | None, typer.Option("--dtype", help="float32 (CPU default), float16, bfloat16.")] = None,
+    repeats: RepeatsOption = None,
+    warmup: WarmupOption = None,
+    db: DbOption = None,
+) -> None:
+    """Time collectives and send/recv over a size sweep; the slowest rank's time is the sample. Spawns
+    local gloo processes, or joins the process group when launched by torchrun (rank 0 writes)."""
+    with user_errors():
+        import argparse
+
+        from tracecal.samplers import comm as sampler
+        from tracecal.sql.connection import open_database
+        from tracecal.sql.samples import existing_sample_ids, write_samples
+
+        args = argparse.Namespace(
+            cluster=cluster, config=config, sizes=sizes, collectives=collectives,
+            dtype=dtype, repeats=repeats, warmup=warmup,
+        )  # fmt: skip
+        settings = Settings.resolve(db)
+        if sampler.under_torchrun():
+            import torch
+
+            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            run = sampler.settings_from_args(args, backend == "nccl")
+            written = sampler.run_distributed(run, backend, settings.db_path, None)
+            if written is not None:
+                stdout.print(f"{cluster}: {written} comm samples written to {settings.db_path}")
+            return
+        run = sampler.settings_from_args(args, cuda=False)
+        with open_database(settings.db_path) as con:
+            stored = frozenset(existing_sample_ids(con, cluster))
+        with progress_bar() as bar:
+            bar.add_task(f"{world_size} gloo ranks sampling", total=None)
+            table = sampler.spawn_local(run, world_size, stored)
+        with open_database(settings.db_path) as con:
+            written = write_samples(con, table, origin="comm sampler")
+        stdout.print(
+            f"{cluster}: {written} comm samples written ({world_size} gloo ranks on this host, "
+            f"{len(run.collectives)} collectives × {len(run.sizes_bytes)} sizes; database {settings.db_path})"
+        )
