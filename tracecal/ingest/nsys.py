@@ -202,6 +202,10 @@ def _parse(export: Export, path: Path) -> list[ParsedRank]:
     host = export.capture_meta.get("DEVICE_DISPLAY_NAME") or None
     era = f"nsys-{export.schema_version}" if export.schema_version else "nsys"
     single = len(procs) == 1
+    # The decoded SQLite size is split over the file's ranks so that per-rank sums give the file's size.
+    sqlite_bytes = export.sqlite_path.stat().st_size
+    shares = [sqlite_bytes // len(procs)] * len(procs)
+    shares[0] += sqlite_bytes - sum(shares)
     result = []
     for ordinal, proc in enumerate(procs):
         mine = kept.filter(pc.equal(kept.column("proc"), proc))
@@ -242,6 +246,7 @@ def _parse(export: Export, path: Path) -> list[ParsedRank]:
                 device_name=device_name,
                 schema_era=era,
                 metadata=metadata,
+                source_bytes=shares[ordinal],
             )
         )
     return result

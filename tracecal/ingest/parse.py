@@ -25,7 +25,9 @@ def parse_trace_file(path: Path) -> list[ParsedRank]:
 
         return [parse_kineto_file(path)]
     if fmt == "nsys":
-        raise TraceFormatError(f"{path}: Nsight ingestion not available in this version of tracecal")
+        from tracecal.ingest.nsys import parse_nsys_file
+
+        return parse_nsys_file(path)
     raise TraceFormatError(
         f"{path}: not a trace file tracecal reads (expected *.json, *.json.gz, *.sqlite, *.sqlite.gz, *.nsys-rep)"
     )
