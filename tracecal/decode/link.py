@@ -99,7 +99,7 @@ def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
     ops = gpu.join(runtime, on="correlation", how="left")
     cpu = _cpu_ops(events)
     cpu_by_ext = (
-        cpu.filter(pl.col("external_id").is_not_null())
+        cpu.filter(pl.col("external_id").is_not_null() & (pl.col("external_id") != 0))
         .sort("event_id")
         .unique(subset=["external_id"], keep="first")
         .select(
@@ -111,7 +111,9 @@ def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
             pl.col("end_ns").alias("_ext_end"),
         )
     )
-    ops = ops.with_columns(pl.coalesce("_rt_ext", "_gpu_ext").alias("_ext")).join(cpu_by_ext, on="_ext", how="left")
+    # External id 0 means "none" in Kineto
+    ext = pl.coalesce(pl.col("_rt_ext").replace(0, None), pl.col("_gpu_ext").replace(0, None))
+    ops = ops.with_columns(ext.alias("_ext")).join(cpu_by_ext, on="_ext", how="left")
     has_rt = pl.col("runtime_event_id").is_not_null()
     # an External id link is trusted only if the operator encloses the runtime call on its thread
     ext_ok = pl.col("_ext_op").is_not_null() & (
