@@ -55,7 +55,8 @@ def match_collectives(collectives: pl.DataFrame) -> pl.DataFrame:
         .agg(
             pl.col("rank").n_unique().alias("_ranks"),
             pl.len().alias("_rows"),
-            pl.col("name").n_unique().alias("_names"),
+            # a send and its recv are one instance: compare names with p2p folded together
+            pl.col("name").replace({"send": "p2p", "recv": "p2p"}).n_unique().alias("_names"),
             pl.col("ts_ns").min().alias("_first"),
         )
     )
