@@ -11,9 +11,13 @@ import stat
 import sys
 from pathlib import Path
 
+import duckdb
 import pytest
+from typer.testing import CliRunner
 
+from tracecal.cli.main import app
 from tracecal.errors import TraceFormatError
+from tracecal.ingest.discover import discover_run
 from tracecal.ingest.nsys import parse_nsys_file
 from tracecal.ingest.nsys_source import CACHE_DIR_NAME, open_export
 
@@ -331,3 +335,25 @@ def test_open_export_reads_metadata(tmp_path: Path) -> None:
         assert export.capture_meta["DEVICE_DISPLAY_NAME"] == "node7"
         assert "CUPTI_ACTIVITY_KIND_KERNEL" in export.tables
         assert export.columns("NO_SUCH_TABLE") == []
+
+
+def test_discovery_skips_the_export_cache_and_shadowed_reports(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    (run / CACHE_DIR_NAME).mkdir(parents=True)
+    for name in ("rank0.nsys-rep", f"{CACHE_DIR_NAME}/rank0.sqlite", "rank1.nsys-rep", "rank1.sqlite.gz"):
+        (run / name).write_bytes(b"x")
+    assert [f.path.name for f in discover_run(run).files] == ["rank0.nsys-rep", "rank1.sqlite.gz"]
+
+
+def test_nsys_rep_run_ingests_and_reingests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_path: Path) -> None:
+    source = make_export(tmp_path / "source.sqlite", **one_step())
+    run = tmp_path / "llama_nsys"
+    run.mkdir()
+    (run / "rank3.nsys-rep").write_bytes(b"report")
+    _fake_nsys(tmp_path / "bin", source, tmp_path / "calls.txt")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    for _ in range(2):  # the second ingest must not also pick up the cached export
+        result = CliRunner().invoke(app, ["ingest", str(run), "--db", str(db_path), "-j", "1"])
+        assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db_path), read_only=True) as con:
+        assert con.execute("SELECT rank, rank_source, events FROM ranks").fetchall() == [(3, "path", 4)]

@@ -133,7 +133,7 @@ def discover_run(run_dir: Path, layout_flags: ParallelLayout | None = None) -> D
         root = run_dir.parent
     else:
         root = run_dir
-        files = sorted(p for p in run_dir.rglob("*") if p.is_file() and trace_format(p))
+        files = _without_shadowed(sorted(p for p in run_dir.rglob("*") if p.is_file() and trace_format(p)), run_dir)
         if not files and not any(run_dir.iterdir()):
             raise InputNotFoundError(f"{run_dir} is empty; give a directory holding one trace per rank")
     if not files:
@@ -151,6 +151,21 @@ def discover_run(run_dir: Path, layout_flags: ParallelLayout | None = None) -> D
         for p in files
     )
     return DiscoveredRun(run_dir=run_dir.resolve(), files=traces, layout=run_layout(run_dir, layout_flags))
+
+
+def _without_shadowed(files: list[Path], run_dir: Path) -> list[Path]:
+    """Drop files under hidden directories (the Nsight reader's ``.tracecal-nsys`` export cache) and
+    an ``X.nsys-rep`` whose export ``X.sqlite[.gz]`` sits beside it: both would be the same rank."""
+    kept = [p for p in files if not any(part.startswith(".") for part in p.relative_to(run_dir).parts[:-1])]
+    names = {p.parent / p.name.lower() for p in kept}
+    return [
+        p
+        for p in kept
+        if not (
+            p.name.lower().endswith(".nsys-rep")
+            and {p.parent / (p.name.lower()[: -len(".nsys-rep")] + s) for s in (".sqlite", ".sqlite.gz")} & names
+        )
+    ]
 
 
 def run_layout(run_dir: Path, flags: ParallelLayout | None = None) -> ParallelLayout:
