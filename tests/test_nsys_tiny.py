@@ -357,3 +357,26 @@ def test_nsys_rep_run_ingests_and_reingests(tmp_path: Path, monkeypatch: pytest.
         assert result.exit_code == 0, result.output
     with duckdb.connect(str(db_path), read_only=True) as con:
         assert con.execute("SELECT rank, rank_source, events FROM ranks").fetchall() == [(3, "path", 4)]
+
+
+def test_nvtx_iteration_marker(tmp_path: Path, db_path: Path) -> None:
+    """Two ``train_step`` NVTX ranges, each launching one kernel, delimit two iterations."""
+    steps = [one_step(corr=c) for c in (1, 2)]
+    nvtx = [(s, e, 10, 10, "train_step", 59) for s, e in ((50, 400), (1050, 1400))]
+    nvtx += [(r[0] + shift, r[1] + shift, *r[2:]) for st, shift in zip(steps, (0, 1000), strict=True)
+             for r in st["nvtx"][1:]]  # fmt: skip
+    runtime = [(r[0] + shift, r[1] + shift, *r[2:]) for st, shift in zip(steps, (0, 1000), strict=True)
+               for r in st["runtime"]]  # fmt: skip
+    kernels = [(k[0] + shift, k[1] + shift, *k[2:]) for st, shift in zip(steps, (0, 1000), strict=True)
+               for k in st["kernels"]]  # fmt: skip
+    run = tmp_path / "steps"
+    run.mkdir()
+    make_export(run / "rank0.sqlite", nvtx=nvtx, runtime=runtime, kernels=kernels)
+    args = ["ingest", str(run), "--db", str(db_path), "-j", "1", "--iteration-marker", "^train_step$"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    with duckdb.connect(str(db_path), read_only=True) as con:
+        its = con.execute("SELECT iteration, marker, cpu_start_ns, cpu_end_ns FROM iterations ORDER BY 1").fetchall()
+        assert its == [(0, "train_step", 50, 400), (1, "train_step", 1050, 1400)]
+        ops = con.execute("SELECT ts_ns, iteration, cpu_op_name, link FROM operators ORDER BY 1").fetchall()
+        assert ops == [(150, 0, "aten::mm", "time"), (1150, 1, "aten::mm", "time")]
