@@ -10,8 +10,10 @@ import typer
 
 from tracecal.cli import ingest as ingest_cmd
 from tracecal.cli import iterations as iterations_cmd
+from tracecal.cli import predict as predict_cmd
 from tracecal.cli import query
 from tracecal.cli import sample as sample_cmd
+from tracecal.cli import samples as samples_cmd
 from tracecal.cli import workload as workload_cmd
 
 app = typer.Typer(
@@ -26,8 +28,10 @@ app.command("sql")(query.sql)
 app.command("runs")(query.runs)
 app.command("ingest")(ingest_cmd.ingest)
 app.command("iterations")(iterations_cmd.iterations)
+app.command("predict")(predict_cmd.predict)
 app.add_typer(workload_cmd.app, name="workload")
 app.add_typer(sample_cmd.app, name="sample")
+app.add_typer(samples_cmd.app, name="samples")
 
 
 if __name__ == "__main__":

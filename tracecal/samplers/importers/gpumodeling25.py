@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import msgspec
 import polars as pl
 import pyarrow as pa
@@ -36,8 +37,9 @@ from tracecal.samplers.importers.gpumodeling25_ops import (
     collective_of,
     nccl_size_bytes,
 )
+from tracecal.samplers.quality import flag_counts, flag_samples
 from tracecal.schema import SAMPLES, arrow_schema
-from tracecal.sql.samples import sample_id
+from tracecal.sql.samples import sample_id, write_samples
 
 SOURCE = "imported:gpumodeling25"
 
@@ -253,6 +255,30 @@ def load_gpumodeling25(directory: Path, cluster: str, imported_at: datetime | No
     for f in discover(directory):
         rows.extend(comm_rows(f, cluster, when) if f.is_comm else compute_rows(f, cluster, when))
     return pa.Table.from_pylist(rows, schema=arrow_schema(SAMPLES))
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What ``import_gpumodeling25`` stored."""
+
+    files: int
+    samples: int
+    flags: dict[str, int]
+    """Flagged samples per quality reason."""
+
+
+def import_gpumodeling25(con: duckdb.DuckDBPyConnection, directory: Path, cluster: str) -> ImportResult:
+    """Load every sample CSV of ``directory``, flag implausible rows (``quality.flag_samples``) and
+    upsert them for ``cluster`` in one transaction: all files or nothing. Re-importing replaces.
+
+    Raises:
+        InputNotFoundError, SampleError: see ``load_gpumodeling25``; nothing is written.
+    """
+    files = discover(directory)
+    table = load_gpumodeling25(directory, cluster)
+    frame = flag_samples(pl.from_arrow(table))  # type: ignore[arg-type]
+    written = write_samples(con, frame.to_arrow(), origin=str(directory))
+    return ImportResult(files=len(files), samples=written, flags=flag_counts(frame))
 
 
 def topology_label(nodes: int | None, gpus_per_node: int | None) -> str | None:

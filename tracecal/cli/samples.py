@@ -1,0 +1,129 @@
+"""`tracecal samples import|export|list|flag`: the stored microbenchmark samples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tracecal.cli.common import DbOption, render_arrow, render_rows, stdout, user_errors
+from tracecal.config import Settings
+from tracecal.errors import SampleError
+from tracecal.sql.connection import open_database
+
+app = typer.Typer(help="Stored microbenchmark samples: import, export, list, re-flag.", no_args_is_help=True)
+
+FORMATS = ("gpumodeling25", "parquet")
+
+
+@app.command("import")
+def import_(
+    path: Annotated[Path, typer.Argument(help="gpumodeling25: a directory of published CSVs; parquet: a file or dir.")],
+    cluster: Annotated[
+        str | None,
+        typer.Option(help="Cluster the samples belong to (required for gpumodeling25; filters parquet)."),
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="gpumodeling25 or parquet.")] = "gpumodeling25",
+    db: DbOption = None,
+) -> None:
+    """Import samples measured elsewhere: the published GPUModeling25 CSVs (SPEC §6.4), or Parquet
+    written by `tracecal samples export`. Re-importing replaces; a bad file writes nothing."""
+    with user_errors():
+        if fmt not in FORMATS:
+            raise SampleError(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
+        settings = Settings.resolve(db)
+        if fmt == "gpumodeling25":
+            from tracecal.samplers.importers.gpumodeling25 import import_gpumodeling25
+
+            if not cluster:
+                raise SampleError("--cluster NAME is required with --format gpumodeling25 (e.g. --cluster perlmutter)")
+            with open_database(settings.db_path) as con:
+                result = import_gpumodeling25(con, path, cluster)
+            flags = ", ".join(f"{n} {reason}" for reason, n in result.flags.items()) or "none"
+            stdout.print(
+                f"imported {result.samples} samples from {result.files} files of {path} for cluster {cluster} "
+                f"into {settings.db_path}; flagged: {flags}"
+            )
+        else:
+            from tracecal.sql.samples import import_parquet
+
+            with open_database(settings.db_path) as con:
+                written = import_parquet(con, path, cluster)
+            stdout.print(f"imported {written} samples from {path} into {settings.db_path}")
+
+
+@app.command("export")
+def export(
+    output: Annotated[Path, typer.Option("--output", "-o", help="Parquet file to write.")],
+    cluster: Annotated[str | None, typer.Option(help="Only this cluster's samples (default: all).")] = None,
+    db: DbOption = None,
+) -> None:
+    """Write samples to a Parquet file that `tracecal samples import FILE --format parquet` reads
+    on another machine."""
+    from tracecal.sql.samples import export_parquet
+
+    with user_errors():
+        settings = Settings.resolve(db)
+        with open_database(settings.db_path, read_only=True) as con:
+            written = export_parquet(con, output, cluster)
+        stdout.print(f"wrote {written} samples to {output}")
+
+
+@app.command("list")
+def list_(
+    cluster: Annotated[str | None, typer.Option(help="Only this cluster.")] = None,
+    db: DbOption = None,
+) -> None:
+    """Clusters, families, ops and sample counts, with flagged samples per reason."""
+    from tracecal.sql.samples import flag_counts, samples_overview
+
+    with user_errors():
+        settings = Settings.resolve(db)
+        with open_database(settings.db_path, read_only=True) as con:
+            overview = samples_overview(con, cluster)
+            flags = flag_counts(con, cluster)
+        if overview.num_rows == 0:
+            where = f" of cluster {cluster}" if cluster else ""
+            stdout.print(
+                f"no samples{where} in {settings.db_path}; take some with `tracecal sample` or import them "
+                "with `tracecal samples import DIR --cluster NAME`"
+            )
+            return
+        by_op = overview.group_by(["cluster", "family", "op", "direction"]).aggregate(
+            [("samples", "sum"), ("flagged", "sum")]
+        )
+        by_op = by_op.sort_by(
+            [("cluster", "ascending"), ("family", "ascending"), ("op", "ascending"), ("direction", "ascending")]
+        )
+        render_rows(
+            f"samples in {settings.db_path}",
+            ["cluster", "family", "op", "dir", "samples", "flagged"],
+            [list(r.values()) for r in by_op.to_pylist()],
+        )
+        by_source = overview.group_by(["cluster", "source", "devices"]).aggregate(
+            [("samples", "sum"), ("flagged", "sum")]
+        )
+        render_rows(
+            "per cluster and source",
+            ["cluster", "source", "devices", "samples", "flagged"],
+            sorted(list(r.values()) for r in by_source.to_pylist()),
+        )
+        if flags.num_rows:
+            render_arrow("flagged samples per reason (excluded from calibration)", flags)
+
+
+@app.command("flag")
+def flag(
+    cluster: Annotated[str, typer.Option(help="Cluster whose samples are re-flagged.")],
+    db: DbOption = None,
+) -> None:
+    """Recompute the quality flags of a cluster's samples together (after sampling in parts)."""
+    from tracecal.samplers.quality import reflag_cluster
+
+    with user_errors():
+        settings = Settings.resolve(db)
+        with open_database(settings.db_path) as con:
+            counts = reflag_cluster(con, cluster)
+        text = ", ".join(f"{n} {reason}" for reason, n in counts.items()) or "none"
+        stdout.print(f"cluster {cluster}: flagged {text}")
