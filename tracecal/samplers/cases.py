@@ -42,8 +42,9 @@ class Built:
     params: dict[str, Any] = field(default_factory=dict)
 
 
-Builder = Callable[[dict[str, Any], Any, Any], tuple[Callable[[], Any], list[Any]]]
-"""(dims, torch dtype, torch device) -> (forward callable, tensors its backward differentiates)."""
+Builder = Callable[[dict[str, Any], Any, Any], tuple[Any, ...]]
+"""(dims, torch dtype, torch device) -> (forward callable, tensors its backward differentiates[, facts
+for params_json])."""
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ def _rand(torch: Any, shape: list[int], dtype: Any, device: Any) -> Any:
 
 
 def _build_gemm(op: str) -> Builder:
-    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Any, ...]:
         torch = _torch()
         m, n, k, b = d["m"], d["n"], d["k"], d.get("batch", 1)
         if op == "aten::mm":
@@ -195,7 +196,7 @@ def _build_attention(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callab
 
 
 def _build_rows(op: str) -> Builder:
-    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Any, ...]:
         torch = _torch()
         f = torch.nn.functional
         t, h = d["tokens"], d["hidden"]
@@ -237,17 +238,23 @@ def _build_loss(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[]
 
 
 def _build_optimizer(op: str) -> Builder:
-    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Any, ...]:
         torch = _torch()
         params = [torch.nn.Parameter(torch.randn(s, dtype=dtype, device=device)) for s in _param_sizes(d)]
         for p in params:
             p.grad = torch.randn_like(p)
-        cls = torch.optim.AdamW if op.endswith("AdamW.step") else torch.optim.Adam
-        opt = cls(params, lr=1e-4)
-        # The first step allocates exp_avg/exp_avg_sq; a training run times steady-state steps, so that
-        # step runs here, untimed (the published sampler timed a fresh optimizer, SPEC §6.5).
-        opt.step()
-        return opt.step, []
+        cls = torch.optim.AdamW if op == "AdamW" else torch.optim.Adam
+        # Fused (one multi-tensor kernel, like DeepSpeed/Apex FusedAdam in the published runs) where
+        # torch supports it for this device and dtype, else foreach; the choice goes to params_json.
+        try:
+            opt, impl = cls(params, lr=1e-4, fused=True), "fused"
+            opt.step()
+        except (RuntimeError, ValueError):
+            opt, impl = cls(params, lr=1e-4, foreach=True), "foreach"
+            opt.step()
+        # That first step allocated exp_avg/exp_avg_sq untimed: a training run times steady-state steps
+        # (the published sampler timed a freshly constructed optimizer, SPEC §6.5).
+        return opt.step, [], {"implementation": impl}
 
     return build
 
@@ -360,8 +367,8 @@ def build(point: GridPoint, device: str) -> Built:
     dims = resolved_dims(point)
     if point.direction == "bwd" and not spec.has_backward:
         raise SampleError(f"{point.op} has no backward to sample; list it with directions: [fwd]")
-    fwd, inputs = spec.builder(dims, getattr(torch, point.dtype), torch.device(device))
-    params: dict[str, Any] = {}
+    fwd, inputs, *info = spec.builder(dims, getattr(torch, point.dtype), torch.device(device))
+    params: dict[str, Any] = dict(info[0]) if info else {}
     if spec.family == "attention":
         fwd, params["backend"] = _attention_backend(fwd, device, point.dtype)
     if point.direction == "fwd":

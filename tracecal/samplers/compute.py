@@ -11,7 +11,6 @@ The library never prints: progress goes to an optional callback ``progress(done,
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -168,8 +167,6 @@ def _measure(
         durations = time_call(built.run, settings.device, settings.warmup, settings.repeats)
     except (RuntimeError, NotImplementedError) as exc:  # dtype/op unsupported here, or out of memory
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-    finally:
-        gc.collect()  # free the point's tensors before the next allocates
     stats = summarize(durations)
     input_dims, input_types, concrete = cases.trace_record(point)
     params: dict[str, Any] = {

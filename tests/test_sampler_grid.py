@@ -1,0 +1,195 @@
+"""Sampler grids and cases: YAML ranges, products, sharding, shape columns equal to a real trace's."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tracecal.decode.shapes import family_of, shape_row
+from tracecal.errors import SampleError
+from tracecal.samplers import cases
+from tracecal.samplers.grid import GridPoint, dim_values, load_grid, parse_grid, shard, shipped_grids, with_dtypes
+from tracecal.samplers.timing import summarize
+
+
+def test_dim_values_ranges_lists_and_scalars() -> None:
+    assert dim_values({"start": 512, "end": 4096, "step": 2, "scale": "mul"}, "x") == [512, 1024, 2048, 4096]
+    assert dim_values({"start": 768, "end": 3072, "step": 768}, "x") == [768, 1536, 2304, 3072]
+    assert dim_values({"start": 10, "end": 25, "step": 10}, "x") == [10, 20]  # end not on a step
+    assert dim_values([true := True, False], "x") == [true, False]
+    assert dim_values(64, "x") == [64]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"start": 0, "end": 4, "step": 1},
+        {"start": 4, "end": 2, "step": 1},
+        {"start": 1, "end": 8, "step": 1, "scale": "mul"},
+        {"start": 1, "end": 8, "step": 2, "scale": "pow"},
+        {"start": 1.5, "end": 8, "step": 2},
+        {"end": 8, "step": 2},
+        [],
+    ],
+)
+def test_dim_values_rejects_bad_ranges(spec: object) -> None:
+    with pytest.raises(SampleError, match=r"grid\.yml: sweep 1, dim m"):
+        dim_values(spec, "grid.yml: sweep 1, dim m")
+
+
+def test_parse_grid_is_the_product_in_declared_order_last_dimension_fastest() -> None:
+    doc = {
+        "dtypes": ["float32", "bfloat16"],
+        "directions": ["fwd"],
+        "sweeps": [{"family": "gemm", "ops": ["aten::mm"], "dims": {"m": [1, 2], "n": [3, 4, 5], "k": 7}}],
+    }
+    grid = parse_grid(doc, "g.yml")
+    assert len(grid.points) == 2 * 2 * 3
+    first = [dict(p.dims) for p in grid.points[:3]]
+    assert first == [{"m": 1, "n": 3, "k": 7}, {"m": 1, "n": 4, "k": 7}, {"m": 1, "n": 5, "k": 7}]
+    assert {p.dtype for p in grid.points} == {"float32", "bfloat16"}
+
+
+def test_parse_grid_errors_name_the_file_and_sweep() -> None:
+    with pytest.raises(SampleError, match=r"g\.yml: a grid needs"):
+        parse_grid({"sweeps": []}, "g.yml")
+    with pytest.raises(SampleError, match=r"g\.yml: sweep 2: direction 'up'"):
+        parse_grid(
+            {"sweeps": [{"family": "gemm", "ops": "aten::mm"}, {"family": "gemm", "ops": "x", "directions": "up"}]},
+            "g.yml",
+        )
+
+
+def test_load_grid_reports_unknown_names_and_broken_yaml(tmp_path: Path) -> None:
+    with pytest.raises(SampleError, match="shipped: ci, "):
+        load_grid("no-such-grid")
+    bad = tmp_path / "bad.yml"
+    bad.write_text("sweeps: [\n")
+    with pytest.raises(SampleError, match=r"bad.yml: not a readable YAML grid"):
+        load_grid(bad)
+
+
+@given(n=st.integers(0, 60), parts=st.integers(1, 7))
+def test_shards_partition_the_points(n: int, parts: int) -> None:
+    points = [GridPoint("gemm", "aten::mm", "fwd", "float32", (("m", i + 1), ("n", 1), ("k", 1))) for i in range(n)]
+    shards = [shard(points, parts, k) for k in range(1, parts + 1)]
+    flat = [p for s in shards for p in s]
+    assert sorted(flat, key=lambda p: p.dims) == sorted(points, key=lambda p: p.dims)
+    assert len(flat) == len(set(flat)) == n
+    assert max(len(s) for s in shards) - min(len(s) for s in shards) <= 1
+
+
+def test_shard_rejects_a_part_outside_the_parts() -> None:
+    with pytest.raises(SampleError, match="--part must be between 1 and --parts"):
+        shard([], 4, 5)
+
+
+def test_with_dtypes_replaces_and_dedupes() -> None:
+    p = GridPoint("gemm", "aten::mm", "fwd", "float32", (("m", 1), ("n", 1), ("k", 1)))
+    q = GridPoint("gemm", "aten::mm", "fwd", "float16", (("m", 1), ("n", 1), ("k", 1)))
+    assert with_dtypes([p, q], ["bfloat16"]) == [GridPoint("gemm", "aten::mm", "fwd", "bfloat16", p.dims)]
+    assert with_dtypes([p, q], None) == [p, q]
+
+
+@pytest.mark.parametrize("name", shipped_grids())
+def test_every_shipped_grid_is_valid_and_its_ops_are_in_their_decode_family(name: str) -> None:
+    grid = load_grid(name)
+    assert grid.points
+    for point in grid.points:
+        cols = cases.shape_columns(point)
+        assert cols["dtype"] == point.dtype
+        # the sample's op is classified into the sample's family by the same rule as traced operators
+        assert family_of(point.op) == point.family, point.op
+        if point.family == "gemm":
+            assert cols["flops"] == 2.0 * cols["m"] * cols["n"] * cols["k"] * cols["batch"]
+
+
+def test_shipped_grids_cover_every_family_and_op() -> None:
+    ops = {(p.family, p.op) for p in load_grid("ci").points}
+    assert ops == set(cases.OP_SPECS)
+    assert set(cases.FAMILIES) == {
+        "gemm",
+        "attention",
+        "softmax",
+        "norm",
+        "elementwise",
+        "embedding",
+        "loss",
+        "optimizer",
+    }
+
+
+def test_resolved_dims_checks_names_and_values() -> None:
+    p = GridPoint("attention", "aten::scaled_dot_product_attention", "fwd", "float16",
+                  (("batch", 2), ("heads", 4), ("seq", 128), ("head_dim", 64)))  # fmt: skip
+    dims = cases.resolved_dims(p)
+    assert (dims["seq_q"], dims["seq_k"], dims["causal"]) == (128, 128, False)
+    with pytest.raises(SampleError, match="missing: k"):
+        cases.resolved_dims(GridPoint("gemm", "aten::mm", "fwd", "float32", (("m", 1), ("n", 2))))
+    with pytest.raises(SampleError, match="unknown: heads"):
+        cases.resolved_dims(
+            GridPoint("gemm", "aten::mm", "fwd", "float32", (("m", 1), ("n", 2), ("k", 3), ("heads", 1)))
+        )
+    with pytest.raises(SampleError, match="dimension m must be a positive integer"):
+        cases.resolved_dims(GridPoint("gemm", "aten::mm", "fwd", "float32", (("m", 0), ("n", 2), ("k", 3))))
+    with pytest.raises(SampleError, match="unknown family/op gemm:aten::conv2d"):
+        cases.spec_for(GridPoint("gemm", "aten::conv2d", "fwd", "float32", ()))
+    with pytest.raises(SampleError, match="dtype 'int8'"):
+        cases.shape_columns(GridPoint("gemm", "aten::mm", "fwd", "int8", (("m", 1), ("n", 2), ("k", 3))))
+
+
+def test_summarize_median_min_iqr() -> None:
+    stats = summarize([5.0, 1.0, 3.0, 2.0, 4.0])
+    assert (stats.median_ns, stats.min_ns, stats.iqr_ns, stats.repeats) == (3.0, 1.0, 2.0, 5)
+    assert summarize([7.0]).iqr_ns is None
+    assert summarize([2.0, 2.0, 2.0]).iqr_ns == 0.0
+    with pytest.raises(SampleError):
+        summarize([])
+
+
+def _profiled_args(point: GridPoint, tmp_path: Path) -> dict:
+    """Input Dims / Input type / Concrete Inputs that torch.profiler records for the point's call."""
+    import torch
+
+    built = cases.build(point, "cpu")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        built.run()
+    path = tmp_path / f"{point.op.replace(':', '_')}.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    return next(e["args"] for e in events if e.get("name") == point.op and e.get("ph") == "X")
+
+
+def test_sample_shape_columns_equal_what_decode_computes_from_a_real_trace_of_the_call(tmp_path: Path) -> None:
+    """The join: for every forward op, profile the sampler's own call with torch.profiler and decode
+    its Input Dims exactly like a traced operator; the sample's shape columns must be identical."""
+    seen = set()
+    for point in load_grid("ci").points:
+        if point.direction != "fwd" or point.op in seen or point.family == "optimizer":
+            continue
+        seen.add(point.op)
+        args = _profiled_args(point, tmp_path)
+        traced = shape_row(point.op, args.get("Input Dims"), args.get("Input type"), args.get("Concrete Inputs"))
+        assert cases.shape_columns(point) == traced, point.op
+    assert len(seen) == len(cases.OP_SPECS) - 2  # every op but the two optimizer steps
+
+
+def test_optimizer_samples_match_the_fused_kernel_call_of_a_real_trace(tmp_path: Path) -> None:
+    import torch
+
+    point = GridPoint("optimizer", "Optimizer.step#AdamW.step", "fwd", "float32", (("params", 1000), ("tensors", 3)))
+    built = cases.build(point, "cpu")
+    assert built.params["implementation"] in ("fused", "foreach")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        built.run()
+    path = tmp_path / "adamw.json"
+    prof.export_chrome_trace(str(path))
+    events = json.loads(path.read_text())["traceEvents"]
+    fused = [e for e in events if e.get("name") in ("aten::_fused_adamw_", "aten::_foreach_lerp_")]
+    assert fused, "the step must run one multi-tensor kernel over the TensorList"
+    traced = shape_row(fused[0]["name"], fused[0]["args"]["Input Dims"], fused[0]["args"]["Input type"])
+    assert traced["params"] == cases.shape_columns(point)["params"] == 1000
