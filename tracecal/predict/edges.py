@@ -258,8 +258,8 @@ def _event_wait_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
         {
             "act": act_nodes,
             "rank": nodes["rank"].to_numpy()[act_nodes],
-            "lane_tid": nodes["lane_tid"].to_numpy()[rt_nodes],
-            "stream": nodes["lane_stream"].to_numpy()[act_nodes],
+            "lane_tid": nodes["lane_tid"].gather(rt_nodes),
+            "stream": nodes["lane_stream"].gather(act_nodes),
             "l_ts": b.start[rt_nodes],
         }
     ).sort("l_ts")

@@ -1,0 +1,140 @@
+"""`tracecal predict RUN` and `tracecal validate`: replay iterations, print and store component errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import polars as pl
+import typer
+
+from tracecal.cli.common import DbOption, render_rows, stdout, user_errors, warn
+from tracecal.config import Settings, model_store_dir
+from tracecal.errors import PredictionError
+from tracecal.predict.run import Prediction
+
+FORMATS = ("table", "csv", "json")
+
+
+def _resolve_mode(mode: str | None, cluster: str | None, scale: list[str]) -> str:
+    if mode is not None:
+        return mode
+    if cluster:
+        return "predicted"
+    return "scaled" if scale else "measured"
+
+
+def _rows_ms(components: pl.DataFrame) -> pl.DataFrame:
+    """The user-facing table: rank, component, measured_ms, predicted_ms, error_pct, covered_share."""
+    return components.select(
+        "rank",
+        "component",
+        (pl.col("measured_ns") / 1e6).alias("measured_ms"),
+        (pl.col("predicted_ns") / 1e6).alias("predicted_ms"),
+        "error_pct",
+        "covered_share",
+    )
+
+
+def predict(
+    run: Annotated[str, typer.Argument(help="Run id (see `tracecal runs`).")],
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", help="Cluster whose calibrated models predict durations.")
+    ] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            "--mode",
+            help="measured (fidelity check), predicted (calibrated models), scaled (what-if). "
+            "Default: predicted with --cluster, scaled with --scale, else measured.",
+        ),
+    ] = None,
+    scale: Annotated[
+        list[str] | None, typer.Option("--scale", help="What-if: FAMILY=FACTOR, e.g. gemm=0.5 (repeatable).")
+    ] = None,
+    iteration: Annotated[
+        int | None, typer.Option("--iteration", help="Replay this iteration instead of the best one.")
+    ] = None,
+    fmt: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write csv/json to this file.")] = None,
+    db: DbOption = None,
+) -> None:
+    """Replay the best iteration of RUN across all ranks and report measured vs predicted time per rank
+    and component (compute fwd/bwd, optimizer, exposed TP/DP/PP/EP communication, memcpy, idle, and the
+    whole iteration). Results are stored in the predictions and components tables."""
+    from tracecal.predict.durations import parse_scale
+    from tracecal.predict.store import predict_stored_run
+    from tracecal.sql.connection import open_database
+
+    with user_errors():
+        if fmt not in FORMATS:
+            raise PredictionError(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
+        factors = parse_scale(scale or [])
+        resolved = _resolve_mode(mode, cluster, scale or [])
+        settings = Settings.resolve(db)
+        with open_database(settings.db_path) as con:
+            model = None
+            if resolved == "predicted":
+                if not cluster:
+                    raise PredictionError("--mode predicted needs --cluster NAME (see `tracecal sql 'from models'`)")
+                from tracecal.predict.models import load_duration_model
+
+                model = load_duration_model(con, model_store_dir(settings.db_path), cluster)
+            stored, pred = predict_stored_run(
+                con, run, mode=resolved, cluster=cluster, model=model, scale=factors, iteration=iteration
+            )
+        table = _rows_ms(pred.components)
+        if stored.paired_p2p:
+            warn(f"{stored.paired_p2p} send/recv rows had no peer; paired by order between the run's two ranks")
+        if fmt == "csv" or fmt == "json":
+            text = _csv(table) if fmt == "csv" else _json(table)
+            if output is not None:
+                output.write_text(text)
+                stdout.print(f"wrote {table.height} rows to {output}")
+            else:
+                typer.echo(text, nl=False)
+            return
+        _render(run, stored.iteration, resolved, cluster, pred, table)
+
+
+def _csv(table: pl.DataFrame) -> str:
+    return table.write_csv(float_precision=4)
+
+
+def _json(table: pl.DataFrame) -> str:
+    return table.write_json() + "\n"
+
+
+def _fmt(v: float | None, digits: int = 3) -> str | None:
+    return None if v is None else f"{v:.{digits}f}"
+
+
+def _render(run: str, iteration: int, mode: str, cluster: str | None, pred: Prediction, table: pl.DataFrame) -> None:
+    rows = [
+        [
+            r["rank"],
+            r["component"],
+            _fmt(r["measured_ms"]),
+            _fmt(r["predicted_ms"]),
+            _fmt(r["error_pct"], 2),
+            None if r["covered_share"] is None else f"{100 * r['covered_share']:.0f} %",
+        ]
+        for r in table.filter((pl.col("measured_ms") > 0) | (pl.col("predicted_ms") > 0)).iter_rows(named=True)
+    ]
+    title = f"{run} iteration {iteration}: {mode}"
+    if cluster and mode == "predicted":
+        title += f" with cluster {cluster}"
+    render_rows(title, ["rank", "component", "measured ms", "predicted ms", "error %", "model-covered"], rows)
+    it = pred.iteration_error()
+    slow = it.sort("measured_ns", descending=True).row(0, named=True)
+    worst = it.select(pl.col("error_pct").abs().max()).item()
+    stdout.print(
+        f"iteration (slowest rank {slow['rank']}): measured {slow['measured_ns'] / 1e6:.3f} ms, "
+        f"predicted {slow['predicted_ns'] / 1e6:.3f} ms, error {slow['error_pct']:+.2f} %; "
+        f"largest rank error {worst:.2f} %"
+    )
+    stdout.print(
+        f"operator time predicted by a model: {100 * pred.coverage['all']:.1f} % (the rest kept its measured "
+        f"duration); graph {pred.graph.nodes.height} nodes, {pred.graph.src.size} edges, replay "
+        f"{pred.seconds['replay'] * 1e3:.0f} ms"
+    )

@@ -1,0 +1,154 @@
+"""The durations a replay uses: measured, predicted by calibrated models, or scaled per family (what-if).
+
+Only nodes whose duration role is ``own`` take a new duration: operators with their own work (a GEMM,
+an optimizer step, an un-matched communication op) and collective instances (their transfer time,
+from the communication model). Collective members follow their instance; runtime calls and markers
+keep the trace's times. An operator no model covers keeps its measured duration and is counted as
+uncovered, never silently.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import polars as pl
+
+from tracecal.errors import PredictionError
+from tracecal.predict.graph import ReplayGraph
+
+MODES = ("measured", "predicted", "scaled")
+"""Replay modes, as stored in ``predictions.mode`` and ``components.mode``."""
+
+
+class DurationModel(Protocol):
+    """What ``predicted`` needs from calibration: durations for operator and collective rows.
+
+    ``predict(frame)`` receives rows with the ``operators`` columns (family, phase, kind, name and
+    the shape features) or, for collective instances, ``family = 'comm'`` with ``collective`` (the
+    normalised name), ``size_bytes``, ``group_size``, ``nodes``, ``gpus_per_node``, ``dtype`` and
+    ``role``; it returns one duration in ns per row, NaN (or null) where no model covers the row.
+    """
+
+    def predict(self, frame: pl.DataFrame) -> Sequence[float] | np.ndarray | pl.Series: ...
+
+
+@dataclass(frozen=True)
+class Durations:
+    """One duration per graph node (int64 ns) and where it came from (``measured``, ``model``,
+    ``scale``); ``mode`` is the replay mode they make."""
+
+    dur_ns: np.ndarray
+    source: np.ndarray
+    mode: str
+
+
+def _own(graph: ReplayGraph) -> np.ndarray:
+    return graph.nodes["duration_role"].to_numpy() == "own"
+
+
+def measured(graph: ReplayGraph) -> Durations:
+    """The trace's durations (the fidelity check: the replay then reproduces the trace)."""
+    dur = graph.nodes["dur_ns"].to_numpy().astype(np.int64)
+    return Durations(dur, np.full(dur.size, "measured", dtype=object), "measured")
+
+
+def parse_scale(items: Sequence[str]) -> dict[str, float]:
+    """``["gemm=0.5", "comm=2"]`` -> ``{"gemm": 0.5, "comm": 2.0}``.
+
+    Raises:
+        PredictionError: an item is not ``family=factor`` with a positive finite factor.
+    """
+    out: dict[str, float] = {}
+    for item in items:
+        family, sep, value = item.partition("=")
+        try:
+            factor = float(value)
+        except ValueError:
+            factor = math.nan
+        if not sep or not family or not math.isfinite(factor) or factor < 0:
+            raise PredictionError(f"--scale {item!r}: expected FAMILY=FACTOR with a factor >= 0, e.g. gemm=0.5")
+        out[family.strip()] = factor
+    return out
+
+
+def scaled(graph: ReplayGraph, factors: Mapping[str, float], base: Durations | None = None) -> Durations:
+    """Multiply the durations of ``own`` nodes of each family by its factor (``comm`` scales the
+    transfer time of collective instances too).
+
+    Raises:
+        PredictionError: a family in ``factors`` occurs nowhere in the iteration.
+    """
+    base = base or measured(graph)
+    family = graph.nodes["family"].fill_null("other").to_numpy()
+    own = _own(graph)
+    dur = base.dur_ns.copy()
+    source = base.source.copy()
+    present = set(family[own].tolist())
+    unknown = sorted(set(factors) - present)
+    if unknown:
+        raise PredictionError(
+            f"--scale: no operator of family {', '.join(unknown)} in this iteration; families present: "
+            + ", ".join(sorted(present))
+        )
+    for fam, factor in factors.items():
+        hit = own & (family == fam)
+        dur[hit] = np.rint(dur[hit] * factor).astype(np.int64)
+        source[hit] = "scale"
+    return Durations(dur, source, "scaled")
+
+
+def model_rows(graph: ReplayGraph) -> tuple[np.ndarray, pl.DataFrame]:
+    """The ``own`` nodes a model may predict and the rows handed to ``DurationModel.predict``."""
+    nodes = graph.nodes
+    own = _own(graph) & nodes["node_kind"].is_in(["activity", "collective"]).to_numpy()
+    idx = np.flatnonzero(own)
+    rows = nodes[idx]
+    if "collective" not in rows.columns:
+        rows = rows.with_columns(
+            pl.when(pl.col("node_kind") == "collective").then(pl.col("name")).otherwise(None).alias("collective")
+        )
+    return idx, rows
+
+
+def predicted(graph: ReplayGraph, model: DurationModel) -> Durations:
+    """Durations from calibrated models; rows the model leaves NaN keep their measured duration.
+
+    Raises:
+        PredictionError: the model returned a different number of rows, or negative durations.
+    """
+    base = measured(graph)
+    idx, rows = model_rows(graph)
+    if idx.size == 0:
+        return Durations(base.dur_ns, base.source, "predicted")
+    raw = model.predict(rows)
+    values = raw.to_numpy() if isinstance(raw, pl.Series) else np.asarray(raw, dtype=float)
+    values = np.asarray(values, dtype=float)
+    if values.shape != (idx.size,):
+        raise PredictionError(f"the duration model returned {values.shape} values for {idx.size} operators")
+    ok = np.isfinite(values)
+    if (values[ok] < 0).any():
+        raise PredictionError("the duration model predicted negative durations; recalibrate the cluster")
+    dur = base.dur_ns.copy()
+    source = base.source.copy()
+    dur[idx[ok]] = np.rint(values[ok]).astype(np.int64)
+    source[idx[ok]] = "model"
+    return Durations(dur, source, "predicted")
+
+
+def coverage(graph: ReplayGraph, durations: Durations) -> dict[str, float]:
+    """Share of the measured time of ``own`` activity/collective nodes whose duration came from a
+    model, overall and per family (0–1)."""
+    idx, rows = model_rows(graph)
+    measured_ns = graph.nodes["dur_ns"].to_numpy()[idx].astype(float)
+    covered = durations.source[idx] == "model"
+    fam = rows["family"].fill_null("other").to_numpy()
+    out = {"all": float(measured_ns[covered].sum() / measured_ns.sum()) if measured_ns.sum() else 0.0}
+    for f in sorted(set(fam.tolist())):
+        m = fam == f
+        total = measured_ns[m].sum()
+        out[f] = float(measured_ns[m & covered].sum() / total) if total else 0.0
+    return out

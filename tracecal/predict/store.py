@@ -1,0 +1,195 @@
+"""Reading a stored iteration for the replay, and writing ``predictions`` / ``components`` back.
+
+The only module of ``tracecal.predict`` that talks to the database; everything else is pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import duckdb
+import polars as pl
+
+from tracecal.errors import PredictionError, RunNotFoundError
+from tracecal.predict.durations import DurationModel
+from tracecal.predict.graph import ReplayInputs
+from tracecal.predict.run import Prediction, predict_iteration
+from tracecal.schema import COMPONENTS, PREDICTIONS
+from tracecal.sql.connection import query_arrow
+
+QUERIES = Path(__file__).resolve().parents[1] / "sql" / "queries"
+
+
+def _query(con: duckdb.DuckDBPyConnection, name: str, params: list) -> pl.DataFrame:
+    return cast(pl.DataFrame, pl.from_arrow(query_arrow(con, (QUERIES / f"{name}.sql").read_text(), params)))
+
+
+@dataclass(frozen=True)
+class StoredIteration:
+    """One iteration of a stored run, ready for ``build_graph``.
+
+    Attributes:
+        run_id, iteration: what was loaded.
+        inputs: the graph inputs.
+        measured_iteration_ns: per rank (rank, measured_iteration_ns) as decoded.
+        paired_p2p: send/recv rows the decoder left unmatched that were paired here by order.
+    """
+
+    run_id: str
+    iteration: int
+    inputs: ReplayInputs
+    measured_iteration_ns: pl.DataFrame
+    paired_p2p: int
+
+
+def load_iteration(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int | None = None) -> StoredIteration:
+    """Load the best iteration (or ``iteration``) of ``run_id`` for the replay.
+
+    Raises:
+        RunNotFoundError: the run is not in the database.
+        PredictionError: the run has no decoded iterations / operators, or ``iteration`` does not exist.
+    """
+    if not con.execute("SELECT run_id FROM runs WHERE run_id = ?", [run_id]).fetchall():
+        known = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
+        raise RunNotFoundError(
+            f"no run {run_id!r} in the database (runs: {', '.join(known) or 'none'}); ingest it with trace-ingest"
+        )
+    if iteration is None:
+        best = _query(con, "predict_best_iteration", [run_id])
+        if best.height == 0:
+            raise PredictionError(f"run {run_id} has no decoded iterations; re-ingest it with trace-ingest")
+        iteration = int(best["iteration"][0])
+    ranks = _query(con, "predict_ranks", [run_id, iteration])
+    if ranks.height == 0:
+        raise PredictionError(f"run {run_id} has no iteration {iteration}; see `tracecal iterations {run_id}`")
+    acts = _query(con, "predict_activities", [run_id, iteration])
+    if acts.height == 0:
+        raise PredictionError(f"run {run_id} iteration {iteration} has no operators; was the run decoded?")
+    colls = _query(con, "predict_collectives", [run_id, iteration])
+    colls, paired = pair_unmatched_p2p(colls)
+    runtime = _query(con, "predict_runtime", [iteration, run_id])
+    return StoredIteration(
+        run_id=run_id,
+        iteration=iteration,
+        inputs=ReplayInputs(activities=acts, collectives=colls, runtime=runtime, ranks=ranks),
+        measured_iteration_ns=ranks.select("rank", "measured_iteration_ns"),
+        paired_p2p=paired,
+    )
+
+
+def pair_unmatched_p2p(collectives: pl.DataFrame) -> tuple[pl.DataFrame, int]:
+    """Pair send/recv rows the decoder could not match because their peer is unknown (gloo p2p
+    without process-group arguments): when exactly two ranks hold unmatched p2p rows, the k-th send
+    of one pairs with the k-th recv of the other. Returns the rows and how many were paired."""
+    if collectives.height == 0:
+        return collectives, 0
+    loose = collectives.filter(pl.col("match_id").is_null() & pl.col("name").is_in(["send", "recv"]))
+    ranks = loose["rank"].unique().to_list()
+    if len(ranks) != 2:
+        return collectives, 0
+    loose = loose.with_columns(
+        pl.int_range(pl.len()).over("rank", "name", order_by=["ts_ns", "event_id"]).alias("_k"),
+        pl.when(pl.col("name") == "send")
+        .then(pl.col("rank"))
+        .otherwise(ranks[0] + ranks[1] - pl.col("rank"))
+        .alias("_sender"),
+    )
+    base = int(collectives["match_id"].max() or 0) + 1  # type: ignore[operator]
+    keys = (
+        loose.group_by("_sender", "_k")
+        .agg(pl.len().alias("_n"), pl.col("name").n_unique().alias("_names"), pl.col("ts_ns").min().alias("_t"))
+        .filter((pl.col("_n") == 2) & (pl.col("_names") == 2))
+        .sort("_t")
+        .with_row_index("_m")
+        .select("_sender", "_k", (pl.col("_m").cast(pl.Int64) + base).alias("_match"))
+    )
+    ids = loose.join(keys, on=["_sender", "_k"], how="inner").select("rank", "event_id", "_match")
+    out = collectives.join(ids, on=["rank", "event_id"], how="left").with_columns(
+        pl.coalesce("match_id", "_match").alias("match_id"),
+        pl.when(pl.col("_match").is_not_null() & pl.col("peer").is_null())
+        .then(ranks[0] + ranks[1] - pl.col("rank"))
+        .otherwise(pl.col("peer"))
+        .cast(collectives.schema["peer"])
+        .alias("peer"),
+    )
+    return out.drop("_match"), ids.height
+
+
+def write_results(
+    con: duckdb.DuckDBPyConnection,
+    *,
+    run_id: str,
+    cluster: str | None,
+    mode: str,
+    predictions: pl.DataFrame,
+    components: pl.DataFrame,
+) -> None:
+    """Replace the ``predictions`` and ``components`` rows of (run, cluster, mode) in one transaction."""
+    extra = {"run_id": run_id, "cluster": cluster, "mode": mode}
+    pred = predictions.with_columns(pl.lit(v, pl.String).alias(k) for k, v in extra.items())
+    comp = components.with_columns(pl.lit(v, pl.String).alias(k) for k, v in extra.items())
+    pred_arrow = pred.select(PREDICTIONS.column_names).to_arrow()
+    comp_arrow = comp.select(COMPONENTS.column_names).to_arrow()
+    con.execute("BEGIN TRANSACTION")
+    try:
+        for table in ("predictions", "components"):
+            con.execute(
+                f"DELETE FROM {table} WHERE run_id = ? AND cluster IS NOT DISTINCT FROM ? AND mode = ?",
+                [run_id, cluster, mode],
+            )
+        con.register("_pred", pred_arrow)
+        con.register("_comp", comp_arrow)
+        con.execute(f"INSERT INTO predictions SELECT {', '.join(PREDICTIONS.column_names)} FROM _pred")
+        con.execute(f"INSERT INTO components SELECT {', '.join(COMPONENTS.column_names)} FROM _comp")
+        con.execute("COMMIT")
+    except Exception:
+        con.execute("ROLLBACK")
+        raise
+    finally:
+        for name in ("_pred", "_comp"):
+            con.unregister(name)
+
+
+def stored_components(
+    con: duckdb.DuckDBPyConnection, *, cluster: str | None, mode: str, run_ids: list[str] | None
+) -> pl.DataFrame:
+    """``components`` rows of a cluster/mode for the given runs (all runs when None)."""
+    sql = "SELECT * FROM components WHERE cluster IS NOT DISTINCT FROM ? AND mode = ?"
+    params: list = [cluster, mode]
+    if run_ids:
+        sql += " AND list_contains(?, run_id)"
+        params.append(run_ids)
+    return cast(pl.DataFrame, pl.from_arrow(query_arrow(con, sql + " ORDER BY run_id, rank", params)))
+
+
+def predict_stored_run(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    *,
+    mode: str = "measured",
+    cluster: str | None = None,
+    model: DurationModel | None = None,
+    scale: Mapping[str, float] | None = None,
+    iteration: int | None = None,
+    store: bool = True,
+) -> tuple[StoredIteration, Prediction]:
+    """Load an iteration of a stored run, replay it, and (``store``) replace its stored results.
+
+    Raises:
+        RunNotFoundError, PredictionError: see ``load_iteration`` and ``predict_iteration``.
+    """
+    stored = load_iteration(con, run_id, iteration)
+    prediction = predict_iteration(stored.inputs, mode=mode, model=model, scale=scale)
+    if store:
+        write_results(
+            con,
+            run_id=run_id,
+            cluster=cluster if mode == "predicted" else None,
+            mode=mode,
+            predictions=prediction.predictions,
+            components=prediction.components,
+        )
+    return stored, prediction
