@@ -129,3 +129,12 @@ def test_operators_linked_through_correlation_and_nvtx(ingested: tuple[Path, sql
         "SELECT count(*) FROM operators WHERE run_id = 'mfu_nsys' AND family = 'gemm' AND cpu_op_name = 'aten::addmm'",
     )
     assert gemm[0][0] > 0
+
+
+def test_parser_warnings_reach_the_cli(tmp_path: Path) -> None:
+    run = tmp_path / "mock_only"
+    run.mkdir()
+    shutil.copy(MOCK, run / MOCK.name)
+    result = runner.invoke(app, ["ingest", str(run), "--db", str(tmp_path / "w.duckdb"), "-j", "1"])
+    assert result.exit_code == 0, result.output
+    assert "mock.sqlite.gz: no NVTX ranges" in result.output

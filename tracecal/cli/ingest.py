@@ -83,6 +83,8 @@ def _print_report(report: IngestReport, db_path: Path) -> None:
     for run in report.runs:
         for skipped in run.skipped:
             warn(f"skipped {skipped.path}: {skipped.reason}")
+        for note in run.warnings:
+            warn(note)
         if run.missing_ranks:
             shown = ", ".join(str(r) for r in run.missing_ranks[:12])
             more = "" if len(run.missing_ranks) <= 12 else f" and {len(run.missing_ranks) - 12} more"

@@ -92,6 +92,8 @@ class RunReport:
     layout: ParallelLayout
     skipped: tuple[Skipped, ...] = ()
     decode: DecodeSummary | None = None
+    warnings: tuple[str, ...] = ()
+    """Parser warnings (``ParsedRank.metadata['warnings']``, e.g. an Nsight export without kernels), deduplicated."""
 
     @property
     def mb_per_s(self) -> float:
@@ -187,6 +189,7 @@ def _ingest_run(
     owners: dict[int, Path] = {}
     world_sizes: list[int | None] = []
     process_groups: list[dict[str, Any]] = []
+    notes: list[str] = []
     events = kernels = source_bytes = 0
     con.execute("BEGIN TRANSACTION")
     try:
@@ -211,6 +214,7 @@ def _ingest_run(
                 source_bytes += rank_trace.source_bytes or rank_trace.file_bytes
                 world_sizes.append(rank_trace.world_size)
                 process_groups.extend(rank_trace.process_groups)
+                notes.extend(w for w in rank_trace.metadata.get("warnings", ()) if w not in notes)
             del parsed
             if progress is not None:
                 progress(Progress(run_id, trace_file.path, done, len(run.files)))
@@ -253,6 +257,7 @@ def _ingest_run(
         missing_ranks=tuple(missing_ranks(sorted(owners), world_size)),
         layout=layout,
         skipped=tuple(skipped),
+        warnings=tuple(notes),
         decode=decoded,
     )
 
