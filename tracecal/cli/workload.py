@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tracecal.cli.common import render_rows, stderr, user_errors
+from tracecal.cli.common import stderr, user_errors
 from tracecal.samplers.workload import WorkloadConfig, run_local
 
 _D = WorkloadConfig()
@@ -72,18 +72,14 @@ def run(
         result = run_local(cfg, out, force=force)
     meta = result.run
     losses = meta["losses"]
-    render_rows(
-        None,
-        ["run", "ranks", "backend", "profiled steps", "loss first → last", "train s", "wall s"],
-        [
-            [
-                str(result.out_dir),
-                meta["world_size"],
-                meta["backend"],
-                ", ".join(str(s) for s in meta["profile"]["profiled_steps"]),
-                f"{losses[0]:.4f} → {losses[-1]:.4f}",
-                meta["train_seconds"],
-                round(result.wall_seconds, 2),
-            ]
-        ],
+    steps = meta["profile"]["profiled_steps"]
+    # Plain lines, not a table: the run path must stay whole for copy-paste into trace-ingest.
+    typer.echo(f"{result.out_dir}")
+    typer.echo(
+        f"  {meta['world_size']} ranks (pp={meta['pp']} tp={meta['tp']} dp={meta['dp']}, {meta['backend']} on "
+        f"{meta['device']}), {len(steps)} profiled steps (ProfilerStep#{steps[0]}..#{steps[-1]})"
+    )
+    typer.echo(
+        f"  loss {losses[0]:.4f} -> {losses[-1]:.4f}; training {meta['train_seconds']:.1f} s, "
+        f"wall {result.wall_seconds:.1f} s"
     )

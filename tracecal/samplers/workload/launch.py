@@ -28,7 +28,7 @@ from tracecal.errors import WorkloadError
 from tracecal.samplers.workload.config import WorkloadConfig
 
 ERROR_MARK = "tracecal-workload-error: "
-"""Prefix of the one line a failing rank prints on stderr (parsed by ``run_local``)."""
+"""Prefix of the one line a failing rank prints on stderr: ``<prefix><unix time> <Type>: <message>``."""
 
 GRACE_SECONDS = 5.0
 """How long the other ranks get to finish after one failed, before they are terminated."""
@@ -88,14 +88,19 @@ def _check_out(out: Path, force: bool) -> None:
         )
 
 
-def _rank_error(log: Path) -> str:
-    """The failing rank's one-line error, else the last line of its stderr."""
+def _rank_error(log: Path) -> tuple[float, str]:
+    """When a failed rank reported its error (unix time; infinity if it did not) and the one-line
+    error, else the last line of its stderr."""
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
     for line in reversed(lines):
         if line.startswith(ERROR_MARK):
-            return line[len(ERROR_MARK) :]
+            when, _, message = line[len(ERROR_MARK) :].partition(" ")
+            try:
+                return float(when), message
+            except ValueError:
+                return float("inf"), line[len(ERROR_MARK) :]
     tail = [line for line in lines if line.strip()]
-    return tail[-1].strip() if tail else "no output"
+    return float("inf"), tail[-1].strip() if tail else "no output"
 
 
 def run_local(cfg: WorkloadConfig, out: Path, *, force: bool = False, timeout_s: float | None = None) -> LocalRun:
@@ -161,20 +166,21 @@ def _spawn_and_wait(cfg: WorkloadConfig, staging: Path, logs: Path, limit: float
                     )
                 )
         deadline = time.monotonic() + limit
-        failed: tuple[int, int] | None = None  # (rank, exit code) of the first failure
+        failing = False
         while any(p.poll() is None for p in procs):
-            if failed is None:
-                failed = next(((r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)), None)
-                if failed is not None:
-                    deadline = min(deadline, time.monotonic() + GRACE_SECONDS)
+            if not failing and any(p.returncode not in (None, 0) for p in procs):
+                # The others will fail in their next collective; give them a moment to say so.
+                failing = True
+                deadline = min(deadline, time.monotonic() + GRACE_SECONDS)
             if time.monotonic() > deadline:
                 break
             time.sleep(0.05)
-        if failed is None:
-            failed = next(((r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)), None)
-        if failed is not None:
-            rank, code = failed
-            raise WorkloadError(f"workload rank {rank} failed (exit {code}): {_rank_error(log_paths[rank])}")
+        failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+        if failed:
+            # The cause is the rank that reported first; the rest lost their connection to it.
+            errors = {r: _rank_error(log_paths[r]) for r in failed}
+            rank = min(failed, key=lambda r: (errors[r][0], r))
+            raise WorkloadError(f"workload rank {rank} failed (exit {procs[rank].returncode}): {errors[rank][1]}")
         if any(p.poll() is None for p in procs):
             raise WorkloadError(
                 f"workload did not finish within {limit:.0f} s; use smaller sizes or a larger --timeout-s"
@@ -213,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as exc:
             # One parseable line for run_local, then the traceback for a human reading torchrun's log.
             message = str(exc).splitlines()[0] if str(exc) else ""
-            print(f"{ERROR_MARK}{type(exc).__name__}: {message}", file=sys.stderr, flush=True)
+            print(f"{ERROR_MARK}{time.time():.6f} {type(exc).__name__}: {message}", file=sys.stderr, flush=True)
             if not isinstance(exc, WorkloadError):
                 raise
             return 2

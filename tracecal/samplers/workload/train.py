@@ -108,10 +108,12 @@ def train_rank(cfg: WorkloadConfig, out_dir: Path) -> dict[str, Any] | None:
     torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
     state = init_parallel(cfg)
-    try:
-        return _train(cfg, state, out_dir, threads)
-    finally:
-        dist.destroy_process_group()
+    # On failure the process group is deliberately left alone: the caller reports the error first,
+    # and only then does the exiting process close its connections, which makes the other ranks fail
+    # too — so the first error reported is the cause, not a "connection closed by peer".
+    result = _train(cfg, state, out_dir, threads)
+    dist.destroy_process_group()
+    return result
 
 
 def _train(cfg: WorkloadConfig, state: ParallelState, out_dir: Path, threads: int) -> dict[str, Any] | None:

@@ -1,0 +1,214 @@
+"""Real runs of the reference workload (local gloo ranks on CPU), checked from their traces.
+
+One module-scoped set of tiny runs — single rank, PP2, TP2, DP2 and PP2×TP2 — is trained once; each
+test reads the rank traces and asserts what the parallelism must have put there: send/recv per
+micro-batch, TP all-reduces per layer per micro-batch, one DP all-reduce per gradient bucket per
+step, the profiled iterations, distributedInfo, and losses equal to the single-rank run's.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tracecal.cli.main import app
+from tracecal.errors import WorkloadError
+from tracecal.samplers.workload import WorkloadConfig, run_local
+from tracecal.samplers.workload.model import GPTStage
+from tracecal.samplers.workload.parallel import ParallelState
+from tracecal.samplers.workload.train import FAULT_ENV, plan_buckets
+
+pytestmark = pytest.mark.slow
+
+TINY = WorkloadConfig(
+    layers=2, hidden=64, heads=4, seq=32, vocab=256, micro_batches=4, micro_batch_size=2, steps=4, timeout_s=120
+)
+LAYOUTS = {
+    "ref": replace(TINY, pp=1),
+    "pp2": replace(TINY, pp=2),
+    "tp2": replace(TINY, pp=1, tp=2),
+    # the global batch stays 8 samples: 2 replicas x 2 micro-batches x 2
+    "dp2": replace(TINY, pp=1, dp=2, micro_batches=2, bucket_bytes=32 * 1024),
+    "pp2tp2": replace(TINY, pp=2, tp=2),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("workload")
+    out = {}
+    for name, cfg in LAYOUTS.items():
+        out[name] = run_local(cfg, root / f"gpt_tiny_{name}").out_dir
+    return out
+
+
+def load(run: Path, rank: int) -> dict[str, Any]:
+    with gzip.open(run / f"rank{rank}.pt.trace.json.gz", "rt") as f:
+        return json.load(f)
+
+
+def scopes_of(trace: dict[str, Any], name_prefix: str) -> list[tuple[str, list[str]]]:
+    """Each complete event whose name starts with ``name_prefix``, with the names of the complete events
+    enclosing it on the same thread (outermost first)."""
+    events = [e for e in trace["traceEvents"] if e.get("ph") == "X"]
+    out = []
+    for e in events:
+        if not e["name"].startswith(name_prefix):
+            continue
+        start, end = e["ts"], e["ts"] + e["dur"]
+        parents = [
+            p for p in events if p is not e and p["tid"] == e["tid"] and p["ts"] <= start and end <= p["ts"] + p["dur"]
+        ]
+        parents.sort(key=lambda p: (p["ts"], -p["dur"]))
+        out.append((e["name"], [p["name"] for p in parents]))
+    return out
+
+
+def count(trace: dict[str, Any], name: str, inside: str) -> int:
+    return sum(1 for _, parents in scopes_of(trace, name) if any(p.startswith(inside) for p in parents))
+
+
+def test_every_rank_writes_a_gzip_trace_with_distributed_info(runs: dict[str, Path]) -> None:
+    for name, cfg in LAYOUTS.items():
+        run = runs[name]
+        assert sorted(p.name for p in run.iterdir()) == sorted(
+            [f"rank{r}.pt.trace.json.gz" for r in range(cfg.world_size)] + ["run.json"]
+        )
+        for rank in range(cfg.world_size):
+            info = load(run, rank)["distributedInfo"]
+            assert (info["rank"], info["world_size"], info["backend"]) == (rank, cfg.world_size, "gloo")
+            groups = {g["pg_desc"]: g["ranks"] for g in info["pg_config"]}
+            assert groups["tp"] in cfg.tp_groups() and rank in groups["tp"]
+            assert groups["dp"] in cfg.dp_groups() and rank in groups["dp"]
+            assert groups["pp"] in cfg.pp_groups() and rank in groups["pp"]
+
+
+def test_the_profiled_iterations_are_in_every_trace(runs: dict[str, Path]) -> None:
+    for name, cfg in LAYOUTS.items():
+        for rank in range(cfg.world_size):
+            trace = load(runs[name], rank)
+            steps = Counter(e["name"] for e in trace["traceEvents"] if e["name"].startswith("ProfilerStep#"))
+            assert (
+                steps
+                == Counter(f"ProfilerStep#{s}" for s in cfg.profiled_steps)
+                == Counter(f"ProfilerStep#{s}" for s in (2, 3))
+            )
+            # per step: one optimizer scope; per micro-batch: one forward and one backward scope
+            assert count(trace, "## optimizer ##", "ProfilerStep#") == 2
+            assert count(trace, "## forward ##", "ProfilerStep#") == 2 * cfg.micro_batches
+            assert count(trace, "## backward ##", "ProfilerStep#") == 2 * cfg.micro_batches
+
+
+def test_pipeline_sends_and_receives_one_activation_and_one_gradient_per_micro_batch(
+    runs: dict[str, Path],
+) -> None:
+    for name in ("pp2", "pp2tp2"):
+        cfg = LAYOUTS[name]
+        active = len(cfg.profiled_steps)
+        for rank in range(cfg.world_size):
+            trace = load(runs[name], rank)
+            first = cfg.coords(rank)[0] == 0
+            m = cfg.micro_batches * active
+            sends, recvs = (
+                ("_exec_send_activations", "_exec_recv_grads")
+                if first
+                else (
+                    "_exec_send_grads",
+                    "_exec_recv_activations",
+                )
+            )
+            assert count(trace, "c10d::send", sends) == m
+            assert count(trace, "c10d::recv_", recvs) == m
+            assert len(scopes_of(trace, "c10d::send")) == len(scopes_of(trace, "c10d::recv_")) == m
+            assert m == cfg.expected_p2p_per_step(rank)["send"] * active
+            # the peer in c10d::send's concrete inputs is the neighbour stage's global rank
+            peer = cfg.rank_of(1 if first else 0, *cfg.coords(rank)[1:])
+            dsts = {e["args"]["Concrete Inputs"][2] for e in trace["traceEvents"] if e["name"] == "c10d::send"}
+            assert dsts == {str(peer)}
+
+
+def test_tensor_parallel_all_reduces_two_per_layer_per_micro_batch_each_way(runs: dict[str, Path]) -> None:
+    for name in ("tp2", "pp2tp2"):
+        cfg = LAYOUTS[name]
+        active = len(cfg.profiled_steps)
+        per_pass = 2 * cfg.layers_per_stage * cfg.micro_batches * active
+        for rank in range(cfg.world_size):
+            trace = load(runs[name], rank)
+            assert count(trace, "c10d::allreduce_", "_ReduceFromModelParallelRegion") == per_pass
+            assert count(trace, "c10d::allreduce_", "_CopyToModelParallelRegionBackward") == per_pass
+            forward = [p for _, p in scopes_of(trace, "c10d::allreduce_") if "## forward ##" in p]
+            assert len(forward) == per_pass  # the forward ones run inside the micro-batch forward scopes
+            assert 2 * per_pass == cfg.expected_tp_all_reduces_per_step() * active
+            # no data parallelism here: every all-reduce is a TP one
+            assert len(scopes_of(trace, "c10d::allreduce_")) == 2 * per_pass
+
+
+def test_data_parallel_all_reduces_one_bucket_set_per_step(runs: dict[str, Path]) -> None:
+    cfg = LAYOUTS["dp2"]
+    state = ParallelState(cfg, 0, 0, 1, 0, 0, 0, None, None, None, torch.device("cpu"), "gloo")
+    params = list(GPTStage(cfg, state).parameters())
+    buckets = len(plan_buckets(params, cfg.bucket_bytes))
+    assert buckets > 1  # the 32 KiB cap splits the tiny model's gradients
+    meta = json.loads((runs["dp2"] / "run.json").read_text())
+    for rank in range(2):
+        trace = load(runs["dp2"], rank)
+        per_step = Counter(
+            next(p for p in parents if p.startswith("ProfilerStep#"))
+            for _, parents in scopes_of(trace, "c10d::allreduce_")
+            if "_exec_reduce_grads" in parents
+        )
+        assert per_step == {"ProfilerStep#2": buckets, "ProfilerStep#3": buckets}
+        assert len(scopes_of(trace, "c10d::allreduce_")) == 2 * buckets
+        assert meta["ranks"][rank]["expected_per_step"]["dp_all_reduce"] == buckets
+    assert count(load(runs["pp2"], 0), "c10d::allreduce_", "") == 0  # dp=1: no gradient all-reduce
+
+
+def test_losses_equal_the_single_rank_run(runs: dict[str, Path]) -> None:
+    ref = json.loads((runs["ref"] / "run.json").read_text())["losses"]
+    assert len(ref) == TINY.steps
+    assert ref[-1] < ref[0] - 0.1  # it learns: the recurrence is predictable
+    for name in ("pp2", "tp2", "dp2", "pp2tp2"):
+        losses = json.loads((runs[name] / "run.json").read_text())["losses"]
+        assert losses == pytest.approx(ref, rel=1e-4), name
+
+
+def test_run_json_describes_the_run(runs: dict[str, Path]) -> None:
+    meta = json.loads((runs["pp2tp2"] / "run.json").read_text())
+    expected = {
+        "model": "gpt_tiny", "pp": 2, "tp": 2, "dp": 1, "world_size": 4, "nodes": 1, "gpus_per_node": 4,
+        "layers": 2, "hidden": 64, "heads": 4, "seq": 32, "vocab": 256, "micro_batches": 4,
+        "micro_batch_size": 2, "steps": 4, "dtype": "float32", "device": "cpu", "backend": "gloo",
+        "torch_version": torch.__version__, "seed": TINY.seed,
+    }  # fmt: skip
+    assert {k: meta[k] for k in expected} == expected
+    assert meta["profile"]["profiled_steps"] == [2, 3]
+    assert WorkloadConfig.from_dict(meta["config"]) == LAYOUTS["pp2tp2"]
+    assert [r["trace"] for r in meta["ranks"]] == [f"rank{r}.pt.trace.json.gz" for r in range(4)]
+
+
+def test_a_failing_rank_is_named_and_nothing_is_left_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(FAULT_ENV, "1")
+    with pytest.raises(WorkloadError, match=r"workload rank 1 failed \(exit 1\): RuntimeError: fault injected"):
+        run_local(replace(TINY, pp=2), tmp_path / "broken")
+    assert list(tmp_path.iterdir()) == []  # no run directory, no staging directory
+
+
+def test_cli_runs_the_workload(tmp_path: Path) -> None:
+    out = tmp_path / "gpt_tiny_1_1_1"
+    args = ["workload", "run", "--pp", "1", "--layers", "1", "--hidden", "32", "--heads", "2", "--seq", "16",
+            "--vocab", "64", "--micro-batches", "2", "--steps", "3", "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "gpt_tiny_1_1_1" in result.output
+    assert (out / "rank0.pt.trace.json.gz").is_file()
+    assert json.loads((out / "run.json").read_text())["profile"]["profiled_steps"] == [2]
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 2 and "already holds a run" in again.output
