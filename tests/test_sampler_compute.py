@@ -55,7 +55,7 @@ def test_ci_grid_samples_every_family_and_direction_and_resumes(db_path: Path) -
 
         again = sample_compute(con, grid.points, settings)
         assert (again.already_stored, again.written) == (len(grid.points), 0)
-        assert con.execute("SELECT count(*) FROM samples").fetchone() == (len(grid.points),)
+        assert con.execute("SELECT count(*) FROM samples").fetchall() == [(len(grid.points),)]
 
 
 def test_shards_together_write_the_whole_grid_once(db_path: Path) -> None:
@@ -64,7 +64,7 @@ def test_shards_together_write_the_whole_grid_once(db_path: Path) -> None:
         written = [sample_compute(con, shard(points, 3, k), FAST).written for k in (1, 2, 3)]
         assert written == [2, 2, 2]
         assert sample_compute(con, points, FAST).written == 0
-        assert con.execute("SELECT count(DISTINCT sample_id) FROM samples").fetchone() == (6,)
+        assert con.execute("SELECT count(DISTINCT sample_id) FROM samples").fetchall() == [(6,)]
 
 
 def test_an_interrupted_run_keeps_what_it_measured_and_the_next_run_continues(db_path: Path) -> None:
@@ -77,7 +77,7 @@ def test_an_interrupted_run_keeps_what_it_measured_and_the_next_run_continues(db
     with open_database(db_path) as con:
         with pytest.raises(KeyboardInterrupt):
             sample_compute(con, points, FAST, progress=stop_after_two)
-        assert con.execute("SELECT count(*) FROM samples").fetchone() == (2,)
+        assert con.execute("SELECT count(*) FROM samples").fetchall() == [(2,)]
         report = sample_compute(con, points, FAST)
         assert (report.already_stored, report.written) == (2, 3)
 
@@ -96,7 +96,7 @@ def test_points_torch_cannot_run_are_skipped_with_its_reason(db_path: Path, monk
         report = sample_compute(con, points, FAST)
         assert report.written == 1
         assert report.skipped_reasons() == {"RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'": 1}
-        assert con.execute("SELECT count(*) FROM samples").fetchone() == (1,)
+        assert con.execute("SELECT count(*) FROM samples").fetchall() == [(1,)]
 
 
 def test_a_malformed_point_fails_before_anything_is_timed_or_written(db_path: Path) -> None:
@@ -108,7 +108,7 @@ def test_a_malformed_point_fails_before_anything_is_timed_or_written(db_path: Pa
             sample_compute(con, [*good, bad], FAST)
         with pytest.raises(SampleError, match="aten::add has no backward"):
             sample_compute(con, [*good, no_bwd], FAST)
-        assert con.execute("SELECT count(*) FROM samples").fetchone() == (0,)
+        assert con.execute("SELECT count(*) FROM samples").fetchall() == [(0,)]
 
 
 def test_cpu_threads_are_restored_and_recorded(db_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_cpu_threads_are_restored_and_recorded(db_path: Path) -> None:
     before = torch.get_num_threads()
     with open_database(db_path) as con:
         sample_compute(con, _gemm_points()[:1], FAST)
-        params = con.execute("SELECT params_json FROM samples").fetchone()[0]
+        params = con.execute("SELECT params_json FROM samples").fetchall()[0][0]
     assert torch.get_num_threads() == before
     assert '"threads":1' in params and '"input_dims":[[32,32],[32,64]]' in params
 
@@ -128,4 +128,4 @@ def test_the_same_point_on_another_cluster_is_another_sample(db_path: Path) -> N
         sample_compute(con, point, FAST)
         other = ComputeSettings(cluster="other", warmup=0, repeats=1)
         assert sample_compute(con, point, other).written == 1
-        assert con.execute("SELECT iqr_ns FROM samples WHERE cluster = 'other'").fetchone() == (None,)
+        assert con.execute("SELECT iqr_ns FROM samples WHERE cluster = 'other'").fetchall() == [(None,)]

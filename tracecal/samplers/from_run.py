@@ -41,6 +41,7 @@ _SDPA = {
     "aten::_scaled_dot_product_efficient_attention",
     "aten::_scaled_dot_product_cudnn_attention",
 }
+_FLASH = "aten::_flash_attention_forward"
 
 
 @dataclass
@@ -114,12 +115,15 @@ def map_call(
         if len(a) >= 3 and a[:-2] == b[:-2]:
             return _point("gemm", "aten::bmm", dtype, batch=math.prod(a[:-2]), m=a[-2], n=b[-1], k=a[-1])
         return "matmul operands broadcast; not sampled"
-    if name in _SDPA:
+    if name in _SDPA or name == _FLASH:
         if len(shapes) < 2 or len(shapes[0]) != 4 or len(shapes[1]) != 4:
-            return "attention inputs are not [b,h,s,d]"
+            return "attention inputs are not 4-D"
         if causal is None:
             return "causality unknown (no Concrete Inputs in the trace)"
-        (nb, h, sq, d), sk = shapes[0], shapes[1][2]
+        if name == _FLASH:  # flash-attention layout [batch, seq, heads, head_dim]
+            (nb, sq, h, d), sk = shapes[0], shapes[1][1]
+        else:  # SDPA layout [batch, heads, seq, head_dim]
+            (nb, h, sq, d), sk = shapes[0], shapes[1][2]
         return _point(
             "attention", "aten::scaled_dot_product_attention", dtype,
             batch=nb, heads=h, seq_q=sq, seq_k=sk, head_dim=d, causal=causal,
@@ -159,7 +163,7 @@ def run_points(con: duckdb.DuckDBPyConnection, run_id: str, dtypes: list[str] | 
         RunNotFoundError: the run is not in the database.
         SampleError: the run has no compute operators to sample.
     """
-    if con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchone() == (0,):
+    if con.execute("SELECT count(*) FROM runs WHERE run_id = ?", [run_id]).fetchall() == [(0,)]:
         known = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()]
         raise RunNotFoundError(
             f"run {run_id!r} is not in the database ({'runs: ' + ', '.join(known) if known else 'no runs'}); "
