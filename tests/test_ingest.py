@@ -10,9 +10,9 @@ from pathlib import Path
 
 import duckdb
 import pytest
-from tests.conftest import KINETO
 from typer.testing import CliRunner
 
+from tests.conftest import KINETO
 from tracecal.cli.main import app
 from tracecal.sql.connection import open_database
 from tracecal.sql.load import IngestOptions, ingest_runs
