@@ -28,6 +28,7 @@ CPU-only machine this project is built on.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import socket
 import sys
@@ -369,11 +370,14 @@ def spawn_local(settings: CommSettings, world_size: int, skip_ids: frozenset[str
     with tempfile.TemporaryDirectory(prefix="tracecal-comm-") as tmp:
         out = str(Path(tmp) / "rank0.parquet")
         try:
-            mp.spawn(
+            mp.start_processes(
                 _spawned_rank,
                 args=(world_size, _free_port(), settings, skip_ids, out),
                 nprocs=world_size,
                 join=True,
+                # fork: the ranks inherit the imported torch instead of importing it again (seconds
+                # per rank); spawn where fork does not exist.
+                start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn",
             )
         except mp.ProcessRaisedException as exc:
             lines = [ln for ln in str(exc).splitlines() if ln.strip()]

@@ -1,0 +1,84 @@
+"""The communication sampler: size planning, configs, and every collective over 2 local gloo ranks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tracecal.errors import SampleError
+from tracecal.samplers.comm import (
+    COLLECTIVES,
+    CommSettings,
+    load_comm_config,
+    parse_size,
+    plan,
+    spawn_local,
+    write_parquet,
+)
+from tracecal.sql.connection import open_database
+from tracecal.sql.samples import import_parquet, write_samples
+
+
+def test_parse_size_binary_multiples() -> None:
+    assert [parse_size(s) for s in ("4096", "64K", "1M", "2G", "8kb")] == [4096, 65536, 1 << 20, 2 << 30, 8192]
+    with pytest.raises(SampleError, match="not a byte count"):
+        parse_size("lots")
+
+
+def test_plan_rounds_to_whole_elements_per_rank_nccl_tests_style() -> None:
+    s = CommSettings("c", sizes_bytes=(10, 1000, 4096), dtype="float32")
+    got = plan(s, 3)
+    # all_reduce/broadcast/send: whole float32 elements; gathers: a multiple of world size elements
+    assert ("all_reduce", 8) in got and ("all_reduce", 1000) in got
+    assert ("all_gather", 996) in got and ("reduce_scatter", 4092) in got and ("all_to_all", 996) in got
+    assert ("all_gather", 8) not in got  # 2 elements cannot give 3 ranks one each
+    assert {c for c, _ in got} == set(COLLECTIVES)
+
+
+def test_shipped_comm_configs_and_bad_settings(tmp_path: Path) -> None:
+    ci = load_comm_config("comm-ci", "local")
+    assert ci.sizes_bytes == (1024, 8192, 65536) and ci.collectives == COLLECTIVES
+    assert len(load_comm_config("comm-sweep", "x").sizes_bytes) == 21  # 1 KiB .. 1 GiB
+    bad = tmp_path / "c.yml"
+    bad.write_text("sizes: [1024]\ncollectives: [all_reduce, allreduce]\n")
+    with pytest.raises(SampleError, match="unknown collective 'allreduce'"):
+        load_comm_config(bad, "x")
+    with pytest.raises(SampleError, match="no comm config nope"):
+        load_comm_config("nope", "x")
+    with pytest.raises(SampleError, match="--world-size must be at least 2"):
+        spawn_local(CommSettings("x"), 1)
+
+
+@pytest.mark.slow
+def test_every_collective_over_two_gloo_ranks(db_path: Path, tmp_path: Path) -> None:
+    settings = CommSettings("local", sizes_bytes=(4096, 1 << 18), repeats=4, warmup=1)
+    table = spawn_local(settings, 2)
+    rows = table.to_pylist()
+    assert sorted((r["collective"], r["size_bytes"]) for r in rows) == sorted(
+        (c, s) for c in COLLECTIVES for s in (4096, 1 << 18)
+    )
+    for r in rows:
+        assert r["family"] == "comm" and r["op"] == r["collective"] and r["direction"] == "fwd"
+        assert (r["group_size"], r["nodes"], r["gpus_per_node"]) == (2, 1, 2)
+        assert r["median_ns"] > 0 and 0 < r["min_ns"] <= r["median_ns"] and r["iqr_ns"] >= 0
+        assert r["repeats"] == 4 and r["dtype"] == "float32" and r["nccl_version"] is None
+    with open_database(db_path) as con:
+        assert write_samples(con, table) == len(rows)
+        stored = {r[0] for r in con.execute("SELECT sample_id FROM samples").fetchall()}
+    # resume: ranks skip the points whose ids are stored
+    assert spawn_local(settings, 2, frozenset(stored)).num_rows == 0
+    # Parquet hand-over (what rank 0 writes under torchrun --output) loads with the sample store
+    out = tmp_path / "comm.parquet"
+    write_parquet(table, out)
+    assert pq.read_table(out).num_rows == len(rows)
+    with open_database(tmp_path / "other.duckdb") as con:
+        assert import_parquet(con, out) == len(rows)
+
+
+def test_bad_settings_fail_before_any_process_starts() -> None:
+    with pytest.raises(SampleError, match="dtype 'int8' is not one of float32"):
+        spawn_local(CommSettings("x", dtype="int8"), 2)
+    with pytest.raises(SampleError, match="--sizes must be positive"):
+        spawn_local(CommSettings("x", sizes_bytes=(0,)), 2)
