@@ -106,7 +106,10 @@ def cpu_pipeline() -> ReplayInputs:
         pl.lit(None, pl.Int64).alias("stream"),
         pl.lit(1).alias("cpu_tid"),
         pl.lit(None, pl.Int64).alias("runtime_event_id"),
-        pl.lit("compute_fwd").alias("component"),
+        pl.when(pl.col("family") == "comm")
+        .then(pl.lit("comm_other"))
+        .otherwise(pl.lit("compute_fwd"))
+        .alias("component"),
     )
     coll = pl.DataFrame(
         {
