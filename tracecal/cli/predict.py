@@ -138,3 +138,94 @@ def _render(run: str, iteration: int, mode: str, cluster: str | None, pred: Pred
         f"duration); graph {pred.graph.nodes.height} nodes, {pred.graph.src.size} edges, replay "
         f"{pred.seconds['replay'] * 1e3:.0f} ms"
     )
+
+
+VALIDATE_FORMATS = ("markdown", "csv")
+
+
+def validate(
+    runs: Annotated[list[str] | None, typer.Argument(help="Run ids (default: the cluster's runs, else all).")] = None,
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", help="Cluster whose calibrated models predict durations.")
+    ] = None,
+    mode: Annotated[
+        str | None, typer.Option("--mode", help="predicted (default with --cluster), measured, or scaled.")
+    ] = None,
+    scale: Annotated[list[str] | None, typer.Option("--scale", help="What-if FAMILY=FACTOR (repeatable).")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="markdown or csv.")] = "markdown",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the table to this file.")] = None,
+    figures: Annotated[
+        Path | None, typer.Option("--figures", help="Directory for PNG figures (proportions, a rank's timeline).")
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """Predict every run and print the component error table across runs (like the published Table 9):
+    rows are components, columns are runs, cells are error % of the rank-summed component time
+    (overall: the slowest rank's iteration)."""
+    from tracecal.predict.durations import parse_scale
+    from tracecal.predict.store import predict_stored_run
+    from tracecal.predict.validate import error_table, times_table, to_markdown
+    from tracecal.sql.connection import open_database
+
+    with user_errors():
+        if fmt not in VALIDATE_FORMATS:
+            raise PredictionError(f"unknown --format {fmt!r}; use one of {', '.join(VALIDATE_FORMATS)}")
+        factors = parse_scale(scale or [])
+        resolved = _resolve_mode(mode, cluster, scale or [])
+        settings = Settings.resolve(db)
+        results = []
+        with open_database(settings.db_path) as con:
+            run_ids = runs or _default_runs(con, cluster)
+            model = None
+            if resolved == "predicted":
+                if not cluster:
+                    raise PredictionError("validate in predicted mode needs --cluster NAME")
+                from tracecal.predict.models import load_duration_model
+
+                model = load_duration_model(con, model_store_dir(settings.db_path), cluster)
+            for run_id in run_ids:
+                _, pred = predict_stored_run(con, run_id, mode=resolved, cluster=cluster, model=model, scale=factors)
+                results.append((run_id, pred))
+        comps = pl.concat([p.components.with_columns(pl.lit(r).alias("run_id")) for r, p in results])
+        table = error_table(comps)
+        title = f"component error % ({resolved}" + (f", cluster {cluster})" if cluster else ")")
+        text = to_markdown(table, title) if fmt == "markdown" else table.write_csv(float_precision=2)
+        if output is not None:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(text)
+            stdout.print(f"wrote the error table of {len(results)} runs to {output}")
+        else:
+            typer.echo(text, nl=False)
+        if figures is not None:
+            _validation_figures(figures, comps, results)
+        if output is None and fmt == "markdown":
+            long = times_table(comps).filter(pl.col("component") == "overall")
+            render_rows(
+                "overall iteration (slowest rank)",
+                ["run", "measured ms", "predicted ms", "error %"],
+                [[r[0], _fmt(r[2]), _fmt(r[3]), _fmt(r[4], 2)] for r in long.iter_rows()],
+            )
+
+
+def _default_runs(con, cluster: str | None) -> list[str]:
+    from tracecal.errors import RunNotFoundError
+
+    rows = con.execute(
+        "SELECT run_id FROM runs WHERE ? IS NULL OR cluster = ? ORDER BY run_id", [cluster, cluster]
+    ).fetchall()
+    if not rows:
+        rows = con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()
+    if not rows:
+        raise RunNotFoundError("no runs in the database; ingest some with trace-ingest RUN_DIR")
+    return [r[0] for r in rows]
+
+
+def _validation_figures(directory: Path, comps: pl.DataFrame, results: list) -> None:
+    from tracecal.predict.figures import component_proportions, rank_timeline
+
+    bars = component_proportions(comps, directory / "component_proportions.png")
+    run_id, pred = results[0]
+    it = pred.iteration_error().sort("measured_ns", descending=True)
+    rank = int(it["rank"][0])
+    line = rank_timeline(pred, rank, directory / f"timeline_{run_id}_rank{rank}.png", f"{run_id} rank {rank}")
+    stdout.print(f"figures: {bars}, {line}")

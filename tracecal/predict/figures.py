@@ -1,0 +1,103 @@
+"""Figures of a validation (matplotlib, Agg backend, PNG files): component proportions per run and
+the measured vs replayed timeline of one rank. The only module of ``tracecal.predict`` that plots."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from tracecal.predict.components import COMPONENTS, node_components
+from tracecal.predict.run import Prediction
+
+COLORS = {
+    "compute_fwd": "#4C72B0",
+    "compute_bwd": "#55A868",
+    "optimizer": "#8172B2",
+    "other": "#937860",
+    "comm_tp": "#C44E52",
+    "comm_dp": "#DD8452",
+    "comm_pp": "#DA8BC3",
+    "comm_ep": "#8C8C8C",
+    "comm_other": "#CCB974",
+    "memcpy": "#64B5CD",
+    "idle": "#E5E5E5",
+}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def component_proportions(components: pl.DataFrame, path: Path) -> Path:
+    """Stacked bars: for each run, the share of each component in the rank-summed iteration time,
+    measured (left bar) and predicted (right bar). ``components``: rows of several runs."""
+    plt = _pyplot()
+    parts = [*COMPONENTS, "idle"]
+    runs = list(dict.fromkeys(components["run_id"].to_list()))
+    totals = (
+        components.filter(pl.col("component").is_in(parts))
+        .group_by("run_id", "component")
+        .agg(pl.col("measured_ns").sum(), pl.col("predicted_ns").sum())
+    )
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.6 * len(runs) + 2), 4.5))
+    x = np.arange(len(runs), dtype=float)
+    width = 0.38
+    for offset, col in ((-width / 2 - 0.01, "measured_ns"), (width / 2 + 0.01, "predicted_ns")):
+        bottom = np.zeros(len(runs))
+        sums = np.array([totals.filter(pl.col("run_id") == r)[col].sum() for r in runs], dtype=float)
+        for comp in parts:
+            vals = np.array(
+                [totals.filter((pl.col("run_id") == r) & (pl.col("component") == comp))[col].sum() for r in runs],
+                dtype=float,
+            )
+            share = np.divide(vals, sums, out=np.zeros_like(vals), where=sums > 0)
+            label = comp if col == "measured_ns" else None
+            ax.bar(x + offset, share, width, bottom=bottom, color=COLORS[comp], label=label, edgecolor="white", lw=0.3)
+            bottom += share
+    ax.set_xticks(x, [f"{r}\nmeasured | predicted" for r in runs], fontsize=8)
+    ax.set_ylabel("share of iteration time (summed over ranks)")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set_title("component proportions per run")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def rank_timeline(prediction: Prediction, rank: int, path: Path, title: str = "") -> Path:
+    """Two rows of intervals coloured by component: the rank's measured schedule and its replay."""
+    plt = _pyplot()
+    g = prediction.graph
+    comp = node_components(g)
+    idx = np.flatnonzero((g.nodes["rank"].to_numpy() == rank) & (comp != None))  # noqa: E711
+    fig, ax = plt.subplots(figsize=(11, 2.8))
+    rows = (("measured", g.measured_times, 1.0), ("predicted", prediction.replayed, 0.0))
+    origin = min(g.measured_times[2 * idx].min(), prediction.replayed[2 * idx].min()) if idx.size else 0
+    for _label, times, y in rows:
+        for c in COMPONENTS:
+            sel = idx[comp[idx] == c]
+            if sel.size == 0:
+                continue
+            starts = (times[2 * sel] - origin) / 1e6
+            widths = np.maximum((times[2 * sel + 1] - times[2 * sel]) / 1e6, 1e-6)
+            ax.broken_barh(
+                list(zip(starts, widths, strict=True)), (y + 0.1, 0.8), color=COLORS[c], label=c if y else None
+            )
+    ax.set_yticks([0.5, 1.5], ["predicted", "measured"])
+    ax.set_xlabel("ms from the iteration start")
+    ax.set_title(title or f"rank {rank}: measured vs replayed ({prediction.mode})")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
