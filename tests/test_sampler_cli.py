@@ -1,0 +1,87 @@
+"""`tracecal sample compute|comm`: exit codes, messages, what lands in the database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from tracecal.cli.main import app
+
+runner = CliRunner()
+
+
+def _count(db: Path, where: str = "true") -> int:
+    con = duckdb.connect(str(db), read_only=True)
+    try:
+        return con.execute(f"SELECT count(*) FROM samples WHERE {where}").fetchall()[0][0]
+    finally:
+        con.close()
+
+
+def test_sample_help_lists_both_commands() -> None:
+    result = runner.invoke(app, ["sample", "--help"])
+    assert result.exit_code == 0
+    assert "compute" in result.output and "comm" in result.output
+    for command in ("compute", "comm"):
+        sub = runner.invoke(app, ["sample", command, "--help"])
+        assert sub.exit_code == 0 and "--cluster" in sub.output
+
+
+def test_compute_from_a_shipped_grid_then_resume(db_path: Path) -> None:
+    args = ["sample", "compute", "--cluster", "laptop", "--config", "ci", "--family", "softmax",
+            "--family", "norm", "--repeats", "2", "--warmup", "0", "--db", str(db_path)]  # fmt: skip
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    assert "laptop: 6 points, 0 already stored, 6 written, 0 skipped" in first.output
+    assert _count(db_path, "cluster = 'laptop' AND family IN ('softmax', 'norm')") == 6
+    again = runner.invoke(app, args)
+    assert "6 already stored, 0 written" in again.output
+
+
+def test_compute_dtype_override_and_sharding(db_path: Path) -> None:
+    base = ["sample", "compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--repeats", "1",
+            "--warmup", "0", "--dtype", "bfloat16", "--dtype", "float32", "--parts", "2",
+            "--db", str(db_path)]  # fmt: skip
+    assert runner.invoke(app, [*base, "--part", "1"]).exit_code == 0
+    assert _count(db_path) == 2
+    assert runner.invoke(app, [*base, "--part", "2"]).exit_code == 0
+    assert _count(db_path, "dtype = 'bfloat16'") == 2 and _count(db_path) == 4
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give exactly one of --config GRID or --from-run RUN"),
+        (["--config", "ci", "--from-run", "x"], "give exactly one of --config GRID or --from-run RUN"),
+        (["--config", "nope"], "no grid file nope and no shipped grid of that name"),
+        (["--config", "ci", "--family", "conv"], "no points to sample after --family/--dtype/--part"),
+        (["--config", "ci", "--parts", "2", "--part", "3"], "--part must be between 1 and --parts (2)"),
+        (["--from-run", "missing"], "run 'missing' is not in the database"),
+        (["--config", "ci", "--dtype", "int8"], "dtype 'int8' is not one of float32"),
+    ],
+)
+def test_compute_bad_input_is_one_line_and_exit_2(db_path: Path, args: list[str], message: str) -> None:
+    result = runner.invoke(app, ["sample", "compute", "--cluster", "c", *args, "--db", str(db_path)])
+    assert result.exit_code == 2
+    assert message in " ".join(result.output.split())
+
+
+def test_comm_spawns_gloo_ranks_and_stores_the_samples(db_path: Path) -> None:
+    args = ["sample", "comm", "--cluster", "laptop", "--sizes", "4K,64K", "--collectives", "all_reduce,send",
+            "--repeats", "3", "--warmup", "1", "--db", str(db_path)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "laptop: 4 comm samples written (2 gloo ranks" in " ".join(result.output.split())
+    assert _count(db_path, "family = 'comm' AND group_size = 2 AND size_bytes IN (4096, 65536)") == 4
+    again = runner.invoke(app, args)
+    assert "0 comm samples written" in " ".join(again.output.split())
+
+
+def test_comm_bad_input(db_path: Path) -> None:
+    result = runner.invoke(app, ["sample", "comm", "--cluster", "c", "--sizes", "big", "--db", str(db_path)])
+    assert result.exit_code == 2 and "size 'BIG' is not a byte count" in result.output
+    result = runner.invoke(app, ["sample", "comm", "--cluster", "c", "--collectives", "gossip", "--db", str(db_path)])
+    assert result.exit_code == 2 and "unknown collective 'gossip'" in result.output
