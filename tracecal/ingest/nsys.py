@@ -33,6 +33,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -165,9 +166,9 @@ def _events_for(rows: pa.Table, rank: int | None) -> pa.Table:
     cols: list[pa.Array | pa.ChunkedArray] = []
     for f in EVENTS_SCHEMA:
         if f.name == "event_id":
-            cols.append(pa.array(range(n), pa.int64()))
+            cols.append(pa.array(np.arange(n, dtype=np.int64)))
         elif f.name == "rank":
-            cols.append(pa.array([rank] * n, pa.int32()) if rank is not None else pa.nulls(n, pa.int32()))
+            cols.append(pa.array(np.full(n, rank, dtype=np.int32)) if rank is not None else pa.nulls(n, pa.int32()))
         elif f.name in rows.column_names:
             cols.append(rows.column(f.name).cast(f.type))
         else:
