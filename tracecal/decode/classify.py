@@ -49,11 +49,43 @@ COMPONENT_ORDER = (
 attributed to the first (so exposed communication is what remains visible beside compute)."""
 
 
-def _coverage(events: pl.DataFrame, pattern: str, pts: pl.DataFrame, lane: tuple[str, ...]) -> pl.DataFrame:
-    iv = events.filter(pl.col("kind").is_in(_SCOPE_KINDS) & pl.col("name").str.contains(pattern)).select(
-        *lane, pl.col("event_id").alias("id"), "ts_ns", "end_ns"
+def _evidence(events: pl.DataFrame, pts: pl.DataFrame) -> pl.DataFrame:
+    """Per launch point, whether each kind of evidence covers it, in one sweep.
+
+    Autograd nodes count on the launching thread only; framework scopes on any thread of the process
+    (the backward pass runs on its own thread under a ``## backward ##`` scope of the main thread).
+    Each evidence set is its own lane (``tag``), so one sort answers all four questions.
+    """
+    scopes = events.filter(pl.col("kind").is_in(_SCOPE_KINDS))
+    sets = [
+        ("_autograd", events.filter((pl.col("kind") == "cpu_op") & pl.col("name").str.contains(AUTOGRAD)), True),
+        ("_opt", scopes.filter(pl.col("name").str.contains(OPTIMIZER_SCOPE)), False),
+        ("_bwd", scopes.filter(pl.col("name").str.contains(BACKWARD_SCOPE)), False),
+        ("_fwd", scopes.filter(pl.col("name").str.contains(FORWARD_SCOPE)), False),
+    ]
+    iv_parts, pt_parts = [], []
+    for tag, frame, per_thread in sets:
+        ivt = pl.col("tid") if per_thread else pl.lit(-1, dtype=pl.Int64)
+        iv_parts.append(
+            frame.select(
+                "pid",
+                ivt.cast(pl.Int64).alias("lane_tid"),
+                pl.lit(tag).alias("tag"),
+                pl.col("event_id").alias("id"),
+                "ts_ns",
+                "end_ns",
+            )
+        )
+        pt_parts.append(pts.select("pid", ivt.cast(pl.Int64).alias("lane_tid"), pl.lit(tag).alias("tag"), "qid", "t"))
+    iv = pl.concat(iv_parts, how="vertical_relaxed")
+    allpts = pl.concat(pt_parts, how="vertical_relaxed").with_row_index("_q").with_columns(pl.col("_q").cast(pl.Int64))
+    cov = covered(
+        iv, allpts.select("pid", "lane_tid", "tag", pl.col("_q").alias("qid"), "t"), lane=("pid", "lane_tid", "tag")
     )
-    return covered(iv, pts, lane=lane)
+    joined = allpts.join(cov.rename({"qid": "_q"}), on="_q", how="left")
+    return joined.group_by("qid").agg(
+        *[((pl.col("count") > 0) & (pl.col("tag") == tag)).any().alias(tag) for tag, _, _ in sets]
+    )
 
 
 def assign_phases(events: pl.DataFrame, operators: pl.DataFrame) -> pl.DataFrame:
@@ -70,17 +102,7 @@ def assign_phases(events: pl.DataFrame, operators: pl.DataFrame) -> pl.DataFrame
         pl.col("event_id").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )
-    ev = {
-        "_autograd": _coverage(events.filter(pl.col("kind") == "cpu_op"), AUTOGRAD, pts, ("pid", "tid")),
-        "_opt": _coverage(events, OPTIMIZER_SCOPE, pts, ("pid",)),
-        "_bwd": _coverage(events, BACKWARD_SCOPE, pts, ("pid",)),
-        "_fwd": _coverage(events, FORWARD_SCOPE, pts, ("pid",)),
-    }
-    out = operators
-    for col, cov in ev.items():
-        out = out.join(
-            cov.select(pl.col("qid").alias("event_id"), (pl.col("count") > 0).alias(col)), on="event_id", how="left"
-        )
+    out = operators.join(_evidence(events, pts).rename({"qid": "event_id"}), on="event_id", how="left")
     autograd = (
         pl.col("_autograd").fill_null(False)
         | pl.col("cpu_op_name").fill_null("").str.contains(AUTOGRAD)

@@ -177,31 +177,58 @@ SCOPE_ROLES = (
 _SCOPE_RE = tuple((role, re.compile(p)) for role, p in SCOPE_ROLES)
 
 
-def _enclosing_attrs(events: pl.DataFrame, inst: pl.DataFrame, kind: str, pattern: str, prefix: str) -> pl.DataFrame:
-    src = events.filter((pl.col("kind") == kind) & pl.col("name").str.contains(pattern))
-    iv = src.select("pid", "tid", pl.col("event_id").alias("id"), "ts_ns", "end_ns")
+_CONTEXT = (
+    ("r_", "cpu_op", r"^record_param_comms$"),
+    ("a_", "user_annotation", _ANNOTATION),
+    ("c_", "cpu_op", r"^c10d::"),
+)
+_ATTRS = [
+    "name",
+    "coll_name",
+    "in_msg_nelems",
+    "out_msg_nelems",
+    "group_size",
+    "coll_dtype",
+    "pg_name",
+    "pg_ranks",
+    "coll_seq",
+    "input_dims",
+    "input_types",
+]
+
+
+def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
+    """Collective args of the innermost record_param_comms (``r_``), nccl:/gloo: annotation (``a_``)
+    and c10d:: op (``c_``) enclosing each instance's launch on its thread: one sweep, a lane per kind."""
+    iv_parts, pt_parts = [], []
     pts = inst.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
         pl.col("cpu_pid").alias("pid"),
         pl.col("cpu_tid").alias("tid"),
         pl.col("event_id").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )
-    hit = enclosing(iv, pts, lane=("pid", "tid"))
-    cols = [
-        "name",
-        "coll_name",
-        "in_msg_nelems",
-        "out_msg_nelems",
-        "group_size",
-        "coll_dtype",
-        "pg_name",
-        "pg_ranks",
-        "coll_seq",
-        "input_dims",
-        "input_types",
-    ]
-    attrs = src.select(pl.col("event_id").alias("id"), *[pl.col(c).alias(prefix + c) for c in cols])
-    return hit.join(attrs, on="id", how="left").drop("id", "depth").rename({"qid": "event_id"})
+    for tag, kind, pattern in _CONTEXT:
+        src = events.filter((pl.col("kind") == kind) & pl.col("name").str.contains(pattern))
+        iv_parts.append(
+            src.select("pid", "tid", pl.lit(tag).alias("tag"), pl.col("event_id").alias("id"), "ts_ns", "end_ns")
+        )
+        pt_parts.append(pts.with_columns(pl.lit(tag).alias("tag")))
+    allpts = pl.concat(pt_parts).with_row_index("_q").with_columns(pl.col("_q").cast(pl.Int64))
+    hit = enclosing(
+        pl.concat(iv_parts, how="vertical_relaxed"),
+        allpts.select("pid", "tid", "tag", pl.col("_q").alias("qid"), "t"),
+        lane=("pid", "tid", "tag"),
+    )
+    hit = allpts.select("_q", "qid", "tag").join(hit.rename({"qid": "_q"}), on="_q", how="left")
+    attrs = events.select(pl.col("event_id").alias("id"), *_ATTRS)
+    hit = hit.join(attrs, on="id", how="left")
+    out = inst.select("event_id")
+    for tag, _, _ in _CONTEXT:
+        part = hit.filter(pl.col("tag") == tag).select(
+            pl.col("qid").alias("event_id"), *[pl.col(c).alias(tag + c) for c in _ATTRS]
+        )
+        out = out.join(part, on="event_id", how="left")
+    return out
 
 
 def rank_collectives(
@@ -241,12 +268,7 @@ def rank_collectives(
     ]
     own = events.select("event_id", *[pl.col(c).alias("k_" + c) for c in own_cols])
     inst = inst.join(own, on="event_id", how="left")
-    for kind, pattern, prefix in (
-        ("cpu_op", r"^record_param_comms$", "r_"),
-        ("user_annotation", _ANNOTATION, "a_"),
-        ("cpu_op", r"^c10d::", "c_"),
-    ):
-        inst = inst.join(_enclosing_attrs(events, inst, kind, pattern, prefix), on="event_id", how="left")
+    inst = inst.join(_context_attrs(events, inst), on="event_id", how="left")
 
     def first(field: str, prefixes: str = "kra") -> pl.Expr:
         return pl.coalesce([pl.col(p + "_" + field) for p in prefixes])
