@@ -25,10 +25,10 @@ import polars as pl
 _END, _START, _ZERO_END, _QUERY = 0, 1, 2, 3
 
 
-def _boundaries(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequence[str]) -> pl.DataFrame:
-    """Sorted boundary/query rows with the running depth per lane."""
+def _boundaries(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequence[str]) -> pl.LazyFrame:
+    """Sorted boundary/query rows with the running depth per lane (lazy: callers collect once)."""
     lane = list(lane)
-    iv = intervals.select([*lane, "id", pl.col("ts_ns"), pl.col("end_ns")])
+    iv = intervals.lazy().select([*lane, "id", pl.col("ts_ns"), pl.col("end_ns")])
     zero = pl.col("end_ns") <= pl.col("ts_ns")
     starts = iv.select(
         *lane,
@@ -51,9 +51,9 @@ def _boundaries(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequ
     parts = [starts, ends]
     if points is not None:
         parts.append(
-            points.select(
+            points.lazy().select(
                 *lane,
-                pl.lit(None, dtype=iv.schema["id"]).alias("id"),
+                pl.lit(None, dtype=intervals.schema["id"]).alias("id"),
                 pl.col("t"),
                 pl.lit(_QUERY, dtype=pl.Int8).alias("order"),
                 pl.lit(0, dtype=pl.Int64).alias("neg_dur"),
@@ -101,9 +101,9 @@ def enclosing(
     hit = queries.join_asof(starts, on="pos", by=[*lane, "level"], strategy="backward", check_sortedness=False)
     # verify containment: a partial overlap upstream can make the depth bookkeeping lie
     bounds = intervals.select(pl.col("id"), pl.col("ts_ns").alias("_ts"), pl.col("end_ns").alias("_end"))
-    hit = hit.join(bounds, on="id", how="left")
+    hit = hit.join(bounds.lazy(), on="id", how="left")
     ok = (pl.col("depth") > 0) & (pl.col("_ts") <= pl.col("t")) & (pl.col("t") < pl.col("_end"))
-    return hit.select("qid", pl.when(ok).then(pl.col("id")).alias("id"), "depth")
+    return hit.select("qid", pl.when(ok).then(pl.col("id")).alias("id"), "depth").collect()
 
 
 def covered(intervals: pl.DataFrame, points: pl.DataFrame, *, lane: Sequence[str] = ()) -> pl.DataFrame:
@@ -125,7 +125,7 @@ def covered(intervals: pl.DataFrame, points: pl.DataFrame, *, lane: Sequence[str
         points = points.with_columns(pl.lit(0, dtype=pl.Int8).alias("_lane"))
         lane = ["_lane"]
     rows = _boundaries(intervals, points, lane)
-    return rows.filter(pl.col("order") == _QUERY).select("qid", pl.col("depth").alias("count"))
+    return rows.filter(pl.col("order") == _QUERY).select("qid", pl.col("depth").alias("count")).collect()
 
 
 def parents(intervals: pl.DataFrame, *, lane: Sequence[str] = ("tid",)) -> pl.DataFrame:
@@ -150,11 +150,11 @@ def parents(intervals: pl.DataFrame, *, lane: Sequence[str] = ("tid",)) -> pl.Da
     hit = left.join_asof(
         right, on="pos", by=[*lane, "level"], strategy="backward", allow_exact_matches=False, check_sortedness=False
     )
-    b = intervals.select("id", "ts_ns", "end_ns")
+    b = intervals.lazy().select("id", "ts_ns", "end_ns")
     hit = hit.join(b, on="id", how="left").join(
         b.select(pl.col("id").alias("parent_id"), pl.col("ts_ns").alias("_pts"), pl.col("end_ns").alias("_pend")),
         on="parent_id",
         how="left",
     )
     ok = (pl.col("_pts") <= pl.col("ts_ns")) & (pl.col("end_ns") <= pl.col("_pend"))
-    return hit.select("id", pl.when(ok).then(pl.col("parent_id")).alias("parent_id"), "depth")
+    return hit.select("id", pl.when(ok).then(pl.col("parent_id")).alias("parent_id"), "depth").collect()
