@@ -92,7 +92,7 @@ def _cached_sqlite(rep: Path) -> Path:
         shown = " ".join(export_command(rep, suggested))
         raise TraceFormatError(
             f"{rep}: Nsight report needs converting and `nsys` is not on PATH; run `{shown}` "
-            "and ingest the .sqlite file (then move the .nsys-rep out of the run directory)"
+            "and ingest again (the .sqlite beside the report is then read instead of it)"
         )
     try:
         cache.parent.mkdir(exist_ok=True)
