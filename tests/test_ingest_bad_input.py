@@ -1,0 +1,165 @@
+"""Bad input (SPEC §8): one clear line naming the file, exit status 2, and the database unchanged."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import INVALID, KINETO
+from tracecal.cli.main import app
+
+runner = CliRunner()
+RANK0 = next((KINETO / "dlrm_8rank").glob("worker0_*"))
+RANK1 = next((KINETO / "dlrm_8rank").glob("worker1_*"))
+
+
+def _state(db: Path) -> list[tuple[object, ...]]:
+    """Everything the ingest writes, to compare before and after a failed ingest."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        return [
+            *con.execute("SELECT run_id, ranks_found, world_size FROM runs ORDER BY 1").fetchall(),
+            *con.execute("SELECT run_id, rank, events FROM ranks ORDER BY 1, 2").fetchall(),
+            *con.execute("SELECT run_id, count(*), sum(dur_ns) FROM events GROUP BY 1 ORDER BY 1").fetchall(),
+        ]
+
+
+def _good_run(parent: Path) -> Path:
+    run = parent / "good"
+    run.mkdir()
+    shutil.copy(RANK0, run / RANK0.name)
+    return run
+
+
+@pytest.fixture(scope="module")
+def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database holding one good run (``good``: rank 0 of dlrm), made once per module."""
+    parent = tmp_path_factory.mktemp("template")
+    path = parent / "db.duckdb"
+    result = runner.invoke(app, ["ingest", str(_good_run(parent)), "--db", str(path), "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    return path
+
+
+@pytest.fixture
+def db(template_db: Path, tmp_path: Path) -> Path:
+    """A private copy of the template database."""
+    return Path(shutil.copy(template_db, tmp_path / "db.duckdb"))
+
+
+def _fails(db: Path, args: list[str], *expected: str) -> str:
+    before = _state(db)
+    result = runner.invoke(app, ["ingest", *args, "--db", str(db)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1, result.output
+    for text in expected:
+        assert text in lines[0], lines[0]
+    assert _state(db) == before
+    return lines[0]
+
+
+def test_nonexistent_path(db: Path, tmp_path: Path) -> None:
+    _fails(db, [str(tmp_path / "nope")], "nope does not exist")
+
+
+def test_empty_directory(db: Path, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    _fails(db, [str(tmp_path / "empty")], "empty is empty")
+
+
+def test_directory_without_traces(db: Path, tmp_path: Path) -> None:
+    run = tmp_path / "notes"
+    run.mkdir()
+    (run / "README.txt").write_text("no traces here")
+    _fails(db, [str(run)], "no trace files in", "*.json.gz")
+
+
+def test_corrupt_gzip(db: Path, tmp_path: Path) -> None:
+    run = tmp_path / "broken"
+    run.mkdir()
+    (run / "rank-0.json.gz").write_bytes(b"\x1f\x8b\x08\x00garbage, not deflate")
+    _fails(db, [str(run)], "rank-0.json.gz", "corrupt or truncated gzip")
+
+
+def test_truncated_gzip(db: Path, tmp_path: Path) -> None:
+    run = tmp_path / "cut"
+    run.mkdir()
+    (run / "rank-0.json.gz").write_bytes(RANK0.read_bytes()[:5000])
+    _fails(db, [str(run)], "rank-0.json.gz", "gzip")
+
+
+def test_real_truncated_header(db: Path) -> None:
+    _fails(db, [str(INVALID / "truncated_header.json.gz")], "truncated_header.json.gz", "invalid JSON")
+
+
+def test_json_that_is_not_a_trace(db: Path, tmp_path: Path) -> None:
+    run = tmp_path / "config"
+    run.mkdir()
+    (run / "rank-0.json").write_text(json.dumps({"lr": 0.1, "layers": 4}))
+    _fails(db, [str(run)], "rank-0.json", "not a Kineto trace")
+
+
+def test_event_missing_required_key_names_file_index_and_key(db: Path, tmp_path: Path) -> None:
+    run = tmp_path / "damaged"
+    run.mkdir()
+    events = [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2}, {"ph": "X", "name": "x", "dur": 1}]
+    (run / "rank-0.json").write_text(json.dumps({"traceEvents": events}))
+    _fails(db, [str(run)], "rank-0.json", "event 1", "'ts'")
+
+
+def test_duplicate_rank_leaves_the_database_unchanged(db: Path, tmp_path: Path) -> None:
+    run = tmp_path / "dup"
+    run.mkdir()
+    shutil.copy(RANK0, run / "a.pt.trace.json.gz")
+    shutil.copy(RANK0, run / "b.pt.trace.json.gz")
+    _fails(db, [str(run), "--workers", "2"], "both hold rank 0")
+
+
+def test_failed_reingest_keeps_the_previous_run(db: Path, tmp_path: Path) -> None:
+    """The run's old rows are deleted inside the transaction: a failure must bring them back."""
+    run = _good_run(tmp_path)
+    (run / "rank-1.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [{"ph": "X"'))
+    _fails(db, [str(run), "--workers", "1"], "rank-1.json.gz")
+
+
+def test_on_error_skip_reports_what_was_skipped(db: Path, tmp_path: Path) -> None:
+    run = tmp_path / "partly"
+    run.mkdir()
+    shutil.copy(RANK1, run / RANK1.name)
+    (run / "rank-0.json.gz").write_bytes(b"not gzip at all")
+    result = runner.invoke(app, ["ingest", str(run), "--on-error", "skip", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    assert "skipped" in result.output and "rank-0.json.gz" in result.output
+    assert "corrupt or truncated gzip" in result.output
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT rank FROM ranks WHERE run_id = 'partly'").fetchall() == [(1,)]
+
+
+def test_on_error_skip_with_nothing_left_ingests_nothing(db: Path, tmp_path: Path) -> None:
+    run = tmp_path / "hopeless"
+    run.mkdir()
+    (run / "rank-0.json.gz").write_bytes(b"not gzip at all")
+    before = _state(db)
+    result = runner.invoke(app, ["ingest", str(run), str(tmp_path / "missing"), "--on-error", "skip", "--db", str(db)])
+    assert result.exit_code == 1, result.output
+    assert "every trace file failed" in result.output and "missing does not exist" in result.output
+    assert "nothing ingested" in result.output
+    assert _state(db) == before
+
+
+def test_unknown_on_error_value(db: Path, tmp_path: Path) -> None:
+    _fails(db, [str(tmp_path), "--on-error", "ignore"], "--on-error must be raise or skip")
+
+
+def test_sqlite_that_is_not_an_nsight_export(db: Path, tmp_path: Path) -> None:
+    """An .sqlite file is routed to the Nsight reader, which refuses it by name."""
+    run = tmp_path / "nsys"
+    run.mkdir()
+    (run / "rank0.sqlite").write_bytes(b"SQLite format 3\x00")
+    _fails(db, [str(run)], "rank0.sqlite")
