@@ -27,6 +27,7 @@ from typing import Any
 
 import duckdb
 import msgspec
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -130,7 +131,7 @@ def _check_columns(path: Path, frame: pl.DataFrame, expected: tuple[str, ...], d
         )
 
 
-def _base_row(f: SampleFile, cluster: str, imported_at: datetime) -> dict[str, Any]:
+def _base_row(f: SampleFile, cluster: str) -> dict[str, Any]:
     row: dict[str, Any] = dict.fromkeys(SAMPLES.column_names)
     row.update(
         cluster=cluster,
@@ -138,7 +139,6 @@ def _base_row(f: SampleFile, cluster: str, imported_at: datetime) -> dict[str, A
         op=f.op,
         source=SOURCE,
         source_file=f.path.name,
-        sampled_at=imported_at,
     )
     return row
 
@@ -152,8 +152,8 @@ def _duration_ns(value: float | None) -> float | None:
     return None if value is None or value != value else value * 1000.0
 
 
-def compute_rows(f: SampleFile, cluster: str, imported_at: datetime) -> list[dict[str, Any]]:
-    """Sample rows (dicts of ``samples`` columns) of one compute file.
+def compute_rows(f: SampleFile, cluster: str) -> list[dict[str, Any]]:
+    """Sample rows (dicts of ``samples`` columns, ``sampled_at`` left to the caller) of one compute file.
 
     Raises:
         SampleError: unknown op, unexpected columns, or a row whose shape is not whole/divisible.
@@ -177,7 +177,7 @@ def compute_rows(f: SampleFile, cluster: str, imported_at: datetime) -> list[dic
             raise SampleError(f"{f.path}:{line}: {exc}") from exc
         for column in durations:
             direction = DURATIONS[column]
-            row = _base_row(f, cluster, imported_at)
+            row = _base_row(f, cluster)
             row.update(features)
             row.update(
                 sample_id=sample_id(cluster, SOURCE, f.op, direction, {"file": f.path.name, "row": index}),
@@ -192,7 +192,7 @@ def compute_rows(f: SampleFile, cluster: str, imported_at: datetime) -> list[dic
     return rows
 
 
-def comm_rows(f: SampleFile, cluster: str, imported_at: datetime) -> list[dict[str, Any]]:
+def comm_rows(f: SampleFile, cluster: str) -> list[dict[str, Any]]:
     """Sample rows of one NCCL file (per-topology or pooled).
 
     Raises:
@@ -220,7 +220,7 @@ def comm_rows(f: SampleFile, cluster: str, imported_at: datetime) -> list[dict[s
             )
         group = nodes * gpn
         size = nccl_size_bytes(collective, elements, group)
-        row = _base_row(f, cluster, imported_at)
+        row = _base_row(f, cluster)
         row.update(
             sample_id=sample_id(cluster, SOURCE, f.op, "fwd", {"file": f.path.name, "row": index}),
             family="comm",
@@ -253,8 +253,12 @@ def load_gpumodeling25(directory: Path, cluster: str, imported_at: datetime | No
     when = imported_at or datetime.now(timezone.utc).replace(tzinfo=None)
     rows: list[dict[str, Any]] = []
     for f in discover(directory):
-        rows.extend(comm_rows(f, cluster, when) if f.is_comm else compute_rows(f, cluster, when))
-    return pa.Table.from_pylist(rows, schema=arrow_schema(SAMPLES))
+        rows.extend(comm_rows(f, cluster) if f.is_comm else compute_rows(f, cluster))
+    table = pa.Table.from_pylist(rows, schema=arrow_schema(SAMPLES))
+    # one import time for every row
+    micros = round(when.replace(tzinfo=timezone.utc).timestamp() * 1_000_000)
+    stamps = pa.array(np.full(table.num_rows, micros, dtype=np.int64)).cast(pa.timestamp("us"))
+    return table.set_column(table.schema.get_field_index("sampled_at"), "sampled_at", stamps)
 
 
 @dataclass(frozen=True)
