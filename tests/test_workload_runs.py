@@ -212,3 +212,37 @@ def test_cli_runs_the_workload(tmp_path: Path) -> None:
     assert json.loads((out / "run.json").read_text())["profile"]["profiled_steps"] == [2]
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 2 and "already holds a run" in again.output
+
+
+def test_ingest_decodes_matched_collectives_and_the_iterations(runs: dict[str, Path], db_path: Path) -> None:
+    from tracecal.sql.connection import open_database
+
+    result = CliRunner().invoke(app, ["ingest", str(runs["pp2"]), str(runs["tp2"]), "--db", str(db_path)])
+    assert result.exit_code == 0, result.output
+    pp2, tp2 = runs["pp2"].name, runs["tp2"].name
+    with open_database(db_path, read_only=True) as con:
+        layout = con.execute("select run_id, pp, tp, dp, world_size from runs order by run_id").fetchall()
+        assert sorted(layout) == sorted([(pp2, 2, 1, 1, 2), (tp2, 1, 2, 1, 2)])
+        for run in (pp2, tp2):
+            iters = con.execute("select rank, list(iteration order by iteration) from iterations where run_id = ? "
+                                "group by rank order by rank", [run]).fetchall()  # fmt: skip
+            assert iters == [(0, [2, 3]), (1, [2, 3])]
+        counts = con.execute(
+            "select run_id, rank, name, role, count(*), count(match_id) from collectives group by all order by all"
+        ).fetchall()
+        m = TINY.micro_batches * 2  # two profiled steps
+        tp_per_rank = 4 * TINY.layers * TINY.micro_batches * 2
+        assert counts == sorted(
+            [(pp2, r, kind, "pp", m, m) for r in (0, 1) for kind in ("recv", "send")]
+            + [(tp2, r, "all_reduce", "tp", tp_per_rank, tp_per_rank) for r in (0, 1)]
+        )
+        # every instance is matched across ranks: a send with the peer's recv, an all-reduce on both TP ranks
+        pairs = con.execute(
+            "select run_id, list(name order by rank), list(rank order by rank) from collectives "
+            "group by run_id, match_id"
+        ).fetchall()
+        assert {(run, tuple(names), tuple(ranks)) for run, names, ranks in pairs} == {
+            (pp2, ("send", "recv"), (0, 1)),
+            (pp2, ("recv", "send"), (0, 1)),
+            (tp2, ("all_reduce", "all_reduce"), (0, 1)),
+        }

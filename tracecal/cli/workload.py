@@ -72,12 +72,12 @@ def run(
         result = run_local(cfg, out, force=force)
     meta = result.run
     losses = meta["losses"]
-    steps = meta["profile"]["profiled_steps"]
+    profiled = meta["profile"]["profiled_steps"]
     # Plain lines, not a table: the run path must stay whole for copy-paste into trace-ingest.
     typer.echo(f"{result.out_dir}")
     typer.echo(
         f"  {meta['world_size']} ranks (pp={meta['pp']} tp={meta['tp']} dp={meta['dp']}, {meta['backend']} on "
-        f"{meta['device']}), {len(steps)} profiled steps (ProfilerStep#{steps[0]}..#{steps[-1]})"
+        f"{meta['device']}), {len(profiled)} profiled steps (ProfilerStep#{profiled[0]}..#{profiled[-1]})"
     )
     typer.echo(
         f"  loss {losses[0]:.4f} -> {losses[-1]:.4f}; training {meta['train_seconds']:.1f} s, "

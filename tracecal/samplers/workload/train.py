@@ -198,7 +198,7 @@ def _run_json(
 ) -> dict[str, Any]:
     device = state.device
     nodes = max(1, cfg.world_size // state.local_world_size)
-    ranks = []
+    ranks: list[dict[str, Any]] = []
     for rank, (n_params, n_buckets, seconds) in enumerate(facts):
         pp_rank, dp_rank, tp_rank = cfg.coords(rank)
         ranks.append(
