@@ -269,3 +269,41 @@ def test_roles_from_layout_and_names() -> None:
     assert busbw_factor("all_reduce", 8) == pytest.approx(1.75)
     assert busbw_factor("all_gather", 4) == pytest.approx(0.75)
     assert busbw_factor("send", 2) == 1.0
+
+
+def test_send_recv_peers_from_args_and_pairing() -> None:
+    def rank_events(rank: int, coll: str, peer_arg: dict) -> pl.DataFrame:
+        rows = [step(1, 0, 1_000)]
+        for i in range(2):  # two transfers in the same direction
+            base = 100 + 300 * i
+            rows += [
+                op(
+                    "record_param_comms",
+                    base,
+                    50,
+                    coll_name=coll,
+                    in_msg_nelems=256,
+                    out_msg_nelems=256,
+                    coll_dtype="Float",
+                    pg_name="3",
+                    pg_ranks="[0, 1, 2, 3]",
+                    group_size=4,
+                    **peer_arg,
+                ),
+                launch(10 + i, base + 10),
+                kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 10 + i, base + 100, 20),
+            ]
+        return events(rows, rank=rank)
+
+    d0 = decode_rank(rank_events(0, "send", {"dst_rank": 1}), rank=0, layout=Layout(world_size=4))
+    d1 = decode_rank(rank_events(1, "recv", {"src_rank": 0}), rank=1, layout=Layout(world_size=4))
+    both = match_collectives(pl.concat([d0.collectives, d1.collectives]))
+    assert both.select("rank", "name", "peer", "size_bytes").rows() == [
+        (0, "send", 1, 1024),
+        (0, "send", 1, 1024),
+        (1, "recv", 0, 1024),
+        (1, "recv", 0, 1024),
+    ]
+    ids = both["match_id"].to_list()
+    assert ids[0] == ids[2] and ids[1] == ids[3] and ids[0] != ids[1]
+    assert both["busbw_gbps"].to_list() == pytest.approx([1024 / 20] * 4)

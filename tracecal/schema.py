@@ -191,7 +191,8 @@ OPERATORS = Table(
         ("run_id", "VARCHAR", "run identifier"),
         ("rank", "INTEGER", "global rank"),
         ("event_id", "BIGINT", "events.event_id of the activity itself"),
-        ("kind", "VARCHAR", "kernel, memcpy, memset, or cpu_op (CPU-only traces)"),
+        ("kind", "VARCHAR", "kernel, memcpy, memset, or cpu_op / user_annotation (CPU-only traces: leaf "
+         "CPU operators and gloo:* work ranges)"),
         ("name", "VARCHAR", "kernel / activity / operator name"),
         ("ts_ns", "BIGINT", "start, absolute ns on the rank's own clock"),
         ("dur_ns", "BIGINT", "duration in ns"),
@@ -217,7 +218,8 @@ OPERATORS = Table(
         ("component", "VARCHAR", "compute_fwd, compute_bwd, optimizer, comm_tp, comm_dp, comm_pp, comm_ep, "
          "comm_other, memcpy, other (SPEC §5.3)"),
         ("iteration", "INTEGER", "iteration whose CPU window launched this activity; NULL when outside all"),
-        ("link", "VARCHAR", "how the CPU operator was found: correlation, external_id, flow, time, none"),
+        ("link", "VARCHAR", "how the CPU operator was found: external_id (runtime call's External id), "
+         "time (innermost cpu_op enclosing the runtime call on its thread), self (CPU-only traces), none"),
         *SHAPE_COLUMNS,
     ),
 )

@@ -194,6 +194,8 @@ _ATTRS = [
     "coll_seq",
     "input_dims",
     "input_types",
+    "src_rank",
+    "dst_rank",
 ]
 
 
@@ -265,6 +267,8 @@ def rank_collectives(
         "coll_seq",
         "input_dims",
         "input_types",
+        "src_rank",
+        "dst_rank",
     ]
     own = events.select("event_id", *[pl.col(c).alias("k_" + c) for c in own_cols])
     inst = inst.join(own, on="event_id", how="left")
@@ -282,6 +286,8 @@ def rank_collectives(
         first("coll_seq").alias("coll_seq"),
         first("coll_dtype").alias("_cdtype"),
         first("coll_name").alias("_cname"),
+        first("src_rank").alias("_src"),
+        first("dst_rank").alias("_dst"),
         pl.coalesce(pl.col("k_input_dims"), pl.col("a_input_dims"), pl.col("r_input_dims")).alias("_dims"),
         pl.coalesce(pl.col("k_input_types"), pl.col("a_input_types"), pl.col("r_input_types")).alias("_types"),
     )
@@ -312,7 +318,11 @@ def rank_collectives(
             big = [a for a, s in (("tp", layout.tp), ("dp", layout.dp), ("pp", layout.pp)) if s and s > 1]
             role = big[0] if len(big) == 1 else None
         peer = None
-        if name in ("send", "recv") and ranks and len(ranks) == 2 and rank in ranks:
+        if name == "send" and r["_dst"] is not None:
+            peer = r["_dst"]
+        elif name == "recv" and r["_src"] is not None:
+            peer = r["_src"]
+        elif name in ("send", "recv") and ranks and len(ranks) == 2 and rank in ranks:
             peer = ranks[0] if ranks[1] == rank else ranks[1]
         factor = busbw_factor(name, gsize)
         dur = r["dur_ns"]

@@ -51,7 +51,7 @@ COMMENT ON TABLE operators IS 'One row per GPU activity (kernel, memcpy, memset)
 COMMENT ON COLUMN operators.run_id IS 'run identifier';
 COMMENT ON COLUMN operators.rank IS 'global rank';
 COMMENT ON COLUMN operators.event_id IS 'events.event_id of the activity itself';
-COMMENT ON COLUMN operators.kind IS 'kernel, memcpy, memset, or cpu_op (CPU-only traces)';
+COMMENT ON COLUMN operators.kind IS 'kernel, memcpy, memset, or cpu_op / user_annotation (CPU-only traces: leaf CPU operators and gloo:* work ranges)';
 COMMENT ON COLUMN operators.name IS 'kernel / activity / operator name';
 COMMENT ON COLUMN operators.ts_ns IS 'start, absolute ns on the rank''s own clock';
 COMMENT ON COLUMN operators.dur_ns IS 'duration in ns';
@@ -75,7 +75,7 @@ COMMENT ON COLUMN operators.family IS 'op family (SPEC §5.1): gemm, attention, 
 COMMENT ON COLUMN operators.phase IS 'fwd, bwd, optimizer, other (SPEC §5.2)';
 COMMENT ON COLUMN operators.component IS 'compute_fwd, compute_bwd, optimizer, comm_tp, comm_dp, comm_pp, comm_ep, comm_other, memcpy, other (SPEC §5.3)';
 COMMENT ON COLUMN operators.iteration IS 'iteration whose CPU window launched this activity; NULL when outside all';
-COMMENT ON COLUMN operators.link IS 'how the CPU operator was found: correlation, external_id, flow, time, none';
+COMMENT ON COLUMN operators.link IS 'how the CPU operator was found: external_id (runtime call''s External id), time (innermost cpu_op enclosing the runtime call on its thread), self (CPU-only traces), none';
 COMMENT ON COLUMN operators.batch IS 'GEMM batch count (bmm/baddbmm) or micro-batch size; NULL when not applicable';
 COMMENT ON COLUMN operators.m IS 'GEMM rows of the output (M)';
 COMMENT ON COLUMN operators.n IS 'GEMM columns of the output (N)';
