@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+from tracecal.cli import demo as demo_cmd
 from tracecal.cli import ingest as ingest_cmd
 from tracecal.cli import iterations as iterations_cmd
 from tracecal.cli import predict as predict_cmd
@@ -30,6 +31,7 @@ app.command("ingest")(ingest_cmd.ingest)
 app.command("iterations")(iterations_cmd.iterations)
 app.command("predict")(predict_cmd.predict)
 app.command("validate")(predict_cmd.validate)
+app.command("demo")(demo_cmd.demo)
 app.add_typer(workload_cmd.app, name="workload")
 app.add_typer(sample_cmd.app, name="sample")
 app.add_typer(samples_cmd.app, name="samples")

@@ -1,0 +1,189 @@
+"""`tracecal demo`: the whole loop on a real multi-process training run generated on this machine.
+
+Stages: train the reference workload (PP2 by default, gloo ranks on CPU, torch.profiler traces) →
+ingest and decode → sample the traced operator shapes on this CPU (``--from-run``) → calibrate a
+``local`` cluster → replay the best iteration with measured durations (fidelity) and with the
+calibrated models (prediction) → print the error tables and write the figures. Everything lands in
+one directory (a temporary one unless ``--dir`` is given), with its own database.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import polars as pl
+import typer
+
+from tracecal.cli.common import progress_bar, render_rows, stdout, user_errors, warn
+from tracecal.config import model_store_dir
+
+CLUSTER = "local"
+STAGES = ("workload", "ingest", "sample", "calibrate", "predict")
+
+
+@contextmanager
+def _stage(index: int, name: str, what: str, timings: dict[str, float]) -> Iterator[None]:
+    stdout.print(f"[bold][{index}/{len(STAGES)}] {name}[/]: {what}", highlight=False)
+    started = time.perf_counter()
+    yield
+    timings[name] = time.perf_counter() - started
+    stdout.print(f"      done in {timings[name]:.1f} s", highlight=False)
+
+
+def demo(
+    directory: Annotated[
+        Path | None, typer.Option("--dir", help="Work directory (default: a new temporary directory).")
+    ] = None,
+    pp: Annotated[int, typer.Option(help="Pipeline stages of the reference workload.")] = 2,
+    tp: Annotated[int, typer.Option(help="Tensor-parallel ranks per stage.")] = 1,
+    dp: Annotated[int, typer.Option(help="Data-parallel replicas.")] = 1,
+    steps: Annotated[int, typer.Option(help="Training steps (the profiler records the last steps-2).")] = 6,
+    repeats: Annotated[int, typer.Option(help="Timed repeats per sampled shape.")] = 10,
+) -> None:
+    """Run the whole loop on this machine: train the reference GPT (PP2 by default) with local gloo
+    ranks under torch.profiler, ingest the traces, sample the traced shapes on this CPU, calibrate a
+    'local' cluster, replay the best iteration (measured and predicted), and print the error tables
+    and where the figures are. A few minutes on 2 cores."""
+    with user_errors():
+        work = directory or Path(tempfile.mkdtemp(prefix="tracecal-demo-"))
+        work.mkdir(parents=True, exist_ok=True)
+        db = work / "demo.duckdb"
+        figures = work / "figures"
+        timings: dict[str, float] = {}
+        run_dir = work / f"gpt_tiny_pp{pp}_tp{tp}_dp{dp}"
+        stdout.print(f"tracecal demo in {work}")
+        run_id = _train(run_dir, pp, tp, dp, steps, timings)
+        _ingest(db, run_dir, run_id, timings)
+        _sample(db, run_id, repeats, timings)
+        model = _calibrate(db, timings)
+        _predict(db, run_id, model, figures, timings)
+        total = sum(timings.values())
+        stdout.print(
+            f"total {total:.0f} s ("
+            + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items())
+            + f"); database {db}, figures in {figures}"
+        )
+        stdout.print(f"explore: tracecal predict {run_id} --db {db} --mode measured;  tracecal sql --db {db} ...")
+
+
+def _train(run_dir: Path, pp: int, tp: int, dp: int, steps: int, timings: dict[str, float]) -> str:
+    from tracecal.samplers.workload import WorkloadConfig, run_local
+
+    cfg = WorkloadConfig(pp=pp, tp=tp, dp=dp, steps=steps).validate()
+    what = f"train the reference GPT on {cfg.world_size} local gloo ranks (pp={pp} tp={tp} dp={dp}), profiled"
+    with _stage(1, "workload", what, timings):
+        result = run_local(cfg, run_dir, force=True)
+    profiled = result.run["profile"]["profiled_steps"]
+    stdout.print(f"      {run_dir}: {cfg.world_size} rank traces, profiled steps {profiled}")
+    return run_dir.name
+
+
+def _ingest(db: Path, run_dir: Path, run_id: str, timings: dict[str, float]) -> None:
+    from tracecal.sql.connection import open_database
+    from tracecal.sql.load import IngestOptions, ingest_runs
+
+    with _stage(2, "ingest", f"parse and decode {run_dir.name} into {db.name}", timings), open_database(db) as con:
+        report = ingest_runs(con, [run_dir], IngestOptions(cluster=CLUSTER, workers=2))
+        best = con.execute("SELECT iteration, dur_ns FROM best_iteration WHERE run_id = ?", [run_id]).fetchall()
+        ops = con.execute("SELECT count(*) FROM operators WHERE run_id = ?", [run_id]).fetchall()[0][0]
+    r = report.runs[0]
+    stdout.print(
+        f"      {r.ranks} ranks, {r.events} events, {ops} operators; best iteration {best[0][0]} "
+        f"({best[0][1] / 1e6:.1f} ms on its slowest rank)"
+    )
+
+
+def _sample(db: Path, run_id: str, repeats: int, timings: dict[str, float]) -> None:
+    from tracecal.samplers.compute import ComputeSettings, sample_compute
+    from tracecal.samplers.from_run import run_points
+    from tracecal.sql.connection import open_database
+
+    with _stage(3, "sample", "time the traced operator shapes on this CPU (--from-run)", timings):
+        with open_database(db) as con:
+            plan = run_points(con, run_id, None)
+            settings = ComputeSettings(cluster=CLUSTER, repeats=repeats, source_file=f"run:{run_id}")
+            with progress_bar() as bar:
+                task = bar.add_task("sampling", total=None)
+
+                def progress(done: int, total: int, label: str) -> None:
+                    bar.update(task, completed=done, total=total, description=label)
+
+                report = sample_compute(con, plan.points, settings, progress=progress, extra_params=plan.params_for)
+        unmapped = sum(plan.unmapped.values())
+        stdout.print(
+            f"      {report.written} samples written ({len(plan.points)} points, {len(report.skipped)} skipped); "
+            f"{unmapped} distinct traced calls have no sampler and keep their measured time"
+        )
+
+
+def _calibrate(db: Path, timings: dict[str, float]) -> Any:
+    """Fit the local cluster's models; None (with a warning) when this build cannot calibrate."""
+    from tracecal import calibrate
+    from tracecal.sql.connection import open_database
+
+    fit: Callable[..., Any] | None = getattr(calibrate, "calibrate_cluster", None)
+    if fit is None:
+        warn(
+            "calibration is not available in this build (tracecal.calibrate.calibrate_cluster); predicted mode skipped"
+        )
+        return None
+    from tracecal.predict.models import load_duration_model
+
+    what = f"fit and validate regressors for cluster {CLUSTER!r}"
+    with _stage(4, "calibrate", what, timings), open_database(db) as con:
+        fit(con, CLUSTER, store_dir=model_store_dir(db))
+        return load_duration_model(con, model_store_dir(db), CLUSTER)
+
+
+def _predict(db: Path, run_id: str, model: Any, figures: Path, timings: dict[str, float]) -> None:
+    from tracecal.predict.figures import component_proportions, rank_timeline
+    from tracecal.predict.store import predict_stored_run
+    from tracecal.predict.validate import error_table, to_markdown
+    from tracecal.sql.connection import open_database
+
+    with _stage(5, "predict", "replay the best iteration: measured (fidelity) and predicted", timings):
+        with open_database(db) as con:
+            _, measured = predict_stored_run(con, run_id, mode="measured")
+            predicted = None
+            if model is not None:
+                _, predicted = predict_stored_run(con, run_id, mode="predicted", cluster=CLUSTER, model=model)
+        fidelity = measured.iteration_error()
+        worst = float(fidelity["error_pct"].abs().max())  # type: ignore[arg-type]
+        stdout.print(f"      measured-mode replay reproduces every rank within {worst:.3f} % (fidelity check)")
+        shown = predicted or measured
+        comps = shown.components.with_columns(pl.lit(run_id).alias("run_id"))
+        bars = component_proportions(comps, figures / "component_proportions.png")
+        slow = int(shown.iteration_error().sort("measured_ns", descending=True)["rank"][0])
+        line = rank_timeline(shown, slow, figures / f"timeline_rank{slow}.png", f"{run_id} rank {slow} ({shown.mode})")
+    rows = [
+        [
+            r["rank"],
+            r["component"],
+            f"{r['measured_ns'] / 1e6:.2f}",
+            f"{r['predicted_ns'] / 1e6:.2f}",
+            "" if r["error_pct"] is None else f"{r['error_pct']:+.2f}",
+            "" if r["covered_share"] is None else f"{100 * r['covered_share']:.0f} %",
+        ]
+        for r in shown.components.filter((pl.col("measured_ns") > 0) | (pl.col("predicted_ns") > 0)).iter_rows(
+            named=True
+        )
+    ]
+    render_rows(
+        f"{run_id}: {shown.mode} vs measured, per rank and component",
+        ["rank", "component", "measured ms", "predicted ms", "error %", "model-covered"],
+        rows,
+    )
+    stdout.print(to_markdown(error_table(comps), f"component error % across ranks ({shown.mode})"))
+    if predicted is not None:
+        it = predicted.iteration_error().sort("measured_ns", descending=True).row(0, named=True)
+        stdout.print(
+            f"[bold]overall iteration error (slowest rank {it['rank']}): {it['error_pct']:+.2f} %[/] "
+            f"(measured {it['measured_ns'] / 1e6:.1f} ms, predicted {it['predicted_ns'] / 1e6:.1f} ms); "
+            f"{100 * predicted.coverage['all']:.0f} % of operator time predicted by a model"
+        )
+    stdout.print(f"figures: {bars}, {line}")
