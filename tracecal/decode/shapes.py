@@ -151,7 +151,7 @@ def family_expr(
     cpu = pl.col(cpu_op_name) if isinstance(cpu_op_name, str) else cpu_op_name
     ker = pl.col(kernel_name) if isinstance(kernel_name, str) else kernel_name
     knd = pl.col(kind) if isinstance(kind, str) else kind
-    expr = pl.when(knd.is_in(["memcpy", "memset"])).then(knd)
+    expr: Any = pl.when(knd.is_in(["memcpy", "memset"])).then(knd)  # Then, then ChainedThen
     expr = expr.when(ker.fill_null("").str.contains(_RULES[0][2])).then(pl.lit("comm"))
     for fam, cpu_re, _ in _RULES:
         expr = expr.when(cpu.fill_null("").str.contains(cpu_re)).then(pl.lit(fam))
