@@ -297,7 +297,9 @@ def _ns(values: Sequence[int | float | None]) -> pa.Array:
     """µs (int or float) -> int64 ns, rounded to the nearest ns; None stays null.
 
     Float µs carry ns as three decimals; ``ts × 1000`` in one multiplication can land half a ns
-    off for epoch-sized values, so the integer and fractional parts are scaled separately.
+    off, so the integer and fractional parts are scaled separately. That is exact while the float
+    can hold ns, i.e. for ts < 2^43 µs (101 days of a monotonic clock — every 2024+ trace seen);
+    beyond, the file itself has lost the ns digits and the nearest ns to its float is stored.
     """
     us = pa.array(values)
     if pa.types.is_integer(us.type) or pa.types.is_null(us.type):

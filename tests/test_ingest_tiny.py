@@ -1,0 +1,257 @@
+"""The Kineto parser on tiny traces built in code, whose expected rows can be checked by hand."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tracecal.errors import TraceFormatError
+from tracecal.ingest import kineto
+from tracecal.ingest.kineto import parse_kineto_file
+
+
+def _write(path: Path, events: list[dict[str, object]], **top: object) -> Path:
+    path.write_text(json.dumps({"traceEvents": events, **top}))
+    return path
+
+
+def _rows(path: Path) -> list[dict[str, object]]:
+    return parse_kineto_file(path).events.to_pylist()
+
+
+def test_float_microseconds_round_to_the_nearest_nanosecond(tmp_path: Path) -> None:
+    # 4458676522690.655 µs * 1000 is 4458676522690654.5 in float64: truncation would lose 1 ns.
+    text = '{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": 4458676522690.655, "dur": 156.777}]}'
+    (tmp_path / "t.json").write_text(text)
+    (row,) = _rows(tmp_path / "t.json")
+    assert (row["ts_ns"], row["dur_ns"]) == (4458676522690655, 156777)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=8 * 10**15), min_size=1, max_size=20))
+def test_kineto_float_timestamps_round_trip(tmp_path_factory: pytest.TempPathFactory, ns: list[int]) -> None:
+    """Kineto writes ns / 1000 with three decimals; parsing gives the ns back exactly."""
+    events = ",".join(
+        f'{{"ph": "X", "cat": "cpu_op", "name": "op", "ts": {t // 1000}.{t % 1000:03d}, "dur": 1.5}}' for t in ns
+    )
+    path = tmp_path_factory.mktemp("rt") / "t.json"
+    path.write_text(f'{{"traceEvents": [{events}]}}')
+    assert [r["ts_ns"] for r in _rows(path)] == ns
+
+
+def test_integer_microseconds_are_exact_beyond_float_precision(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.json", [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1694128201426557, "dur": 3}])
+    assert _rows(path)[0]["ts_ns"] == 1694128201426557000
+
+
+def test_missing_values_are_null_never_zero(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.json", [{"ph": "X", "cat": "weird_category", "name": "n", "ts": 5}])
+    (row,) = _rows(path)
+    assert row["kind"] == "other" and row["category"] == "weird_category"
+    assert row["dur_ns"] is None and row["correlation"] is None and row["pid"] is None
+    assert row["input_dims"] is None and row["device"] is None and row["bytes"] is None
+
+
+def test_kinds_links_and_gpu_placement(tmp_path: Path) -> None:
+    events = [
+        {
+            "ph": "X",
+            "cat": "cpu_op",
+            "name": "aten::mm",
+            "pid": 7,
+            "tid": 8,
+            "ts": 10,
+            "dur": 50,
+            "args": {
+                "External id": 3,
+                "Input Dims": [[8, 512], [512, 1024]],
+                "Input type": ["float", "float"],
+                "Sequence number": 11,
+                "Fwd thread id": 0,
+            },
+        },
+        {
+            "ph": "X",
+            "cat": "cuda_runtime",
+            "name": "cudaLaunchKernel",
+            "pid": 7,
+            "tid": 8,
+            "ts": 20,
+            "dur": 5,
+            "args": {"External id": 3, "correlation": 99},
+        },
+        {"ph": "f", "id": 99, "pid": 0, "tid": 7, "ts": 30, "cat": "ac2g", "name": "ac2g"},
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "sgemm",
+            "pid": 0,
+            "tid": 7,
+            "ts": 30,
+            "dur": 100,
+            "args": {
+                "device": 0,
+                "stream": 7,
+                "correlation": 99,
+                "External id": 3,
+                "grid": [4, 1, 1],
+                "block": [128, 1, 1],
+            },
+        },
+        {"ph": "X", "cat": "gpu_user_annotation", "name": "## forward ##", "pid": 1, "tid": 13, "ts": 30, "dur": 100},
+        {
+            "ph": "X",
+            "cat": "gpu_memcpy",
+            "name": "Memcpy HtoD",
+            "pid": 0,
+            "tid": 7,
+            "ts": 140,
+            "dur": 2,
+            "args": {"device": 0, "stream": 7, "correlation": 100, "bytes": "4096"},
+        },
+    ]
+    rows = _rows(_write(tmp_path / "t.json", events))
+    assert [r["kind"] for r in rows] == ["cpu_op", "cuda_runtime", "kernel", "gpu_user_annotation", "memcpy"]
+    assert [r["event_id"] for r in rows] == [0, 1, 3, 4, 5]  # file order; the flow event is not stored
+    op, launch, kernel, annotation, memcpy = rows
+    assert (op["input_dims"], op["input_types"], op["sequence_number"]) == (
+        "[[8,512],[512,1024]]",
+        '["float","float"]',
+        11,
+    )
+    assert op["device"] is None and op["stream"] is None and (op["pid"], op["tid"]) == (7, 8)
+    assert launch["correlation"] == kernel["correlation"] == 99
+    assert launch["external_id"] == kernel["external_id"] == op["external_id"] == 3
+    assert (kernel["device"], kernel["stream"], kernel["grid"], kernel["block"]) == (0, 7, "[4,1,1]", "[128,1,1]")
+    assert (annotation["device"], annotation["stream"]) == (1, 13)  # from pid/tid: no args on GPU annotations
+    assert memcpy["bytes"] == 4096  # ROCm writes some counts as strings
+
+
+def test_collective_args(tmp_path: Path) -> None:
+    args = {
+        "Collective name": "send",
+        "In msg nelems": 1024,
+        "Out msg nelems": 1024,
+        "Group size": 2,
+        "dtype": "BFloat16",
+        "Process Group Name": 3,
+        "Process Group Description": "pp",
+        "Process Group Ranks": "[0, 4]",
+        "In split size": "[]",
+        "Out split size": "[]",
+        "Global rank start": 0,
+        "Global rank stride": 4,
+        "Comms Id": 17,
+        "Dst Rank": 4,
+    }
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::add", "ts": 0, "dur": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "ts": 1, "dur": 1, "args": args},
+    ]
+    plain, comm = _rows(_write(tmp_path / "t.json", events))
+    assert plain["coll_name"] is None and plain["pg_ranks"] is None
+    assert (comm["coll_name"], comm["in_msg_nelems"], comm["group_size"], comm["coll_dtype"]) == (
+        "send",
+        1024,
+        2,
+        "BFloat16",
+    )
+    assert (comm["pg_name"], comm["pg_desc"], comm["pg_ranks"]) == ("3", "pp", "[0,4]")
+    assert (comm["in_split_size"], comm["global_rank_stride"], comm["coll_seq"]) == ("[]", 4, 17)
+    assert (comm["dst_rank"], comm["src_rank"]) == (4, None)
+
+
+def test_2021_array_document_with_string_thread_ids(tmp_path: Path) -> None:
+    events = [
+        {
+            "ph": "X",
+            "cat": "Operator",
+            "name": "aten::conv2d",
+            "pid": 5,
+            "tid": "4093687616",
+            "ts": 1,
+            "dur": 9,
+            "args": {"Input dims": [[1, 3, 224, 224]], "external id": 2},
+        },
+        {
+            "ph": "X",
+            "cat": "Kernel",
+            "name": "conv",
+            "pid": 0,
+            "tid": "stream 7",
+            "ts": 3,
+            "dur": 4,
+            "args": {"device": 0, "stream": 7, "correlation": 8, "external id": 2},
+        },
+    ]
+    path = tmp_path / "t.pt.trace.json"
+    path.write_text(json.dumps(events))
+    parsed = parse_kineto_file(path)
+    op, kernel = parsed.events.to_pylist()
+    assert parsed.schema_era == "2021" and parsed.rank is None
+    assert (op["kind"], op["tid"], op["external_id"], op["input_dims"]) == ("cpu_op", 4093687616, 2, "[[1,3,224,224]]")
+    assert (kernel["kind"], kernel["tid"], kernel["stream"], kernel["external_id"]) == ("kernel", None, 7, 2)
+
+
+def test_batched_decoding_matches_direct_decoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i % 3}", "ts": i, "dur": 1.25} for i in range(7)]
+    events.insert(3, {"ph": "i", "name": "instant", "ts": 2})
+    path = _write(tmp_path / "t.json", events)
+    direct = parse_kineto_file(path).events
+    monkeypatch.setattr(kineto, "DIRECT_DECODE_BYTES", 0)
+    monkeypatch.setattr(kineto, "BATCH_EVENTS", 2)
+    batched = parse_kineto_file(path).events
+    assert batched.to_pylist() == direct.to_pylist()
+    assert [r["event_id"] for r in batched.to_pylist()] == [0, 1, 2, 4, 5, 6, 7]
+
+
+def test_error_index_is_the_event_index_in_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events = [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": i, "dur": 1} for i in range(5)]
+    events[3]["args"] = {"correlation": [1]}
+    path = _write(tmp_path / "t.json", events)
+    with pytest.raises(TraceFormatError, match=r"t\.json: event 3, key args\.correlation"):
+        parse_kineto_file(path)
+    monkeypatch.setattr(kineto, "DIRECT_DECODE_BYTES", 0)
+    monkeypatch.setattr(kineto, "BATCH_EVENTS", 2)
+    with pytest.raises(TraceFormatError, match=r"t\.json: event 3, key args\.correlation"):
+        parse_kineto_file(path)
+
+
+def test_event_without_ph_is_named(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.json", [{"ph": "X", "name": "a", "ts": 1}, {"name": "b", "ts": 2}])
+    with pytest.raises(TraceFormatError, match=r"event 1, key \(the event itself\).*ph"):
+        parse_kineto_file(path)
+
+
+def test_trace_without_complete_events(tmp_path: Path) -> None:
+    path = _write(tmp_path / "t.json", [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "python"}}])
+    with pytest.raises(TraceFormatError, match="no complete"):
+        parse_kineto_file(path)
+
+
+def test_metadata_rank_and_device(tmp_path: Path) -> None:
+    path = _write(
+        tmp_path / "t.json",
+        [{"ph": "X", "cat": "kernel", "name": "k", "pid": 1, "tid": 7, "ts": 1, "dur": 1, "args": {"device": 1}}],
+        distributedInfo={
+            "rank": 3,
+            "world_size": 8,
+            "backend": "nccl",
+            "nccl_version": "2.21.5",
+            "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 8, "ranks": list(range(8))}],
+        },
+        deviceProperties=[{"id": 0, "name": "GPU zero"}, {"id": 1, "name": "GPU one"}],
+        baseTimeNanoseconds=1711964646000000000,
+        host_name="nid001",
+    )
+    parsed = parse_kineto_file(path)
+    assert (parsed.rank, parsed.world_size, parsed.backend, parsed.host) == (3, 8, "nccl", "nid001")
+    assert parsed.device_name == "GPU one"
+    assert parsed.process_groups[0]["pg_size"] == 8
+    assert parsed.metadata["baseTimeNanoseconds"] == 1711964646000000000
+    assert parsed.metadata["nccl_version"] == "2.21.5"
+    assert parsed.schema_era == "2024" and parsed.source_bytes == path.stat().st_size
