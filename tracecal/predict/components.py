@@ -41,17 +41,18 @@ def node_components(graph: ReplayGraph) -> np.ndarray:
     A matched collective member takes its group role (``comm_tp`` ...); other operators keep their
     decoded component; anything unknown is ``other``."""
     nodes = graph.nodes
-    role = nodes["role"].to_numpy() if "role" in nodes.columns else np.full(nodes.height, None, dtype=object)
-    comp = nodes["component"].to_numpy() if "component" in nodes.columns else np.full(nodes.height, None)
-    is_act = nodes["node_kind"].to_numpy() == "activity"
-    member = nodes["match_id"].is_not_null().to_numpy()
-    out = np.full(nodes.height, None, dtype=object)
-    for i in np.flatnonzero(is_act):  # a per-node map over a small vocabulary, cheap next to the replay
-        if member[i]:
-            out[i] = _ROLE_COMPONENT.get(role[i], "comm_other")
-        else:
-            out[i] = comp[i] if comp[i] in COMPONENTS else "other"
-    return out
+    role = pl.col("role") if "role" in nodes.columns else pl.lit(None, pl.String)
+    comp = pl.col("component") if "component" in nodes.columns else pl.lit(None, pl.String)
+    out = nodes.select(
+        pl.when(pl.col("node_kind") != "activity")
+        .then(None)
+        .when(pl.col("match_id").is_not_null())
+        .then(role.replace_strict(_ROLE_COMPONENT, default="comm_other"))
+        .when(comp.is_in(COMPONENTS))
+        .then(comp)
+        .otherwise(pl.lit("other"))
+    ).to_series()
+    return out.to_numpy().astype(object)
 
 
 def rank_spans(graph: ReplayGraph, times: np.ndarray) -> pl.DataFrame:

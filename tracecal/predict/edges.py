@@ -203,41 +203,61 @@ def _stream_and_launch_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
     b.launch_pairs = (lat["rt_node"].to_numpy(), lat["node"].to_numpy())
 
 
+def _launched(b: EdgeBuilder, nodes: pl.DataFrame) -> pl.DataFrame | None:
+    """Launched activities: act, rank, launching thread, stream, launch time, end; sorted by launch."""
+    if b.launch_pairs is None:
+        return None
+    rt_nodes, act_nodes = b.launch_pairs
+    return pl.DataFrame(
+        {
+            "act": act_nodes,
+            "rank": nodes["rank"].gather(act_nodes),
+            "lane_tid": nodes["lane_tid"].gather(rt_nodes),
+            "stream": nodes["lane_stream"].gather(act_nodes),
+            "l_ts": b.start[rt_nodes],
+            "act_end": b.end[act_nodes],
+        }
+    ).sort("l_ts")
+
+
 def _sync_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
-    """A blocking runtime call ends after the latest-ending earlier-launched activity it overlapped."""
-    pairs = b.launch_pairs
-    if pairs is None:
+    """A blocking runtime call ends after the activity it waited for: the latest-ending activity
+    launched before it, when that one ended while the call was blocked (else no edge: the call
+    waited for nothing, or for one stream while another was still busy)."""
+    launched = _launched(b, nodes)
+    if launched is None:
         return
-    rt_nodes, act_nodes = pairs
     blocking = nodes.filter(
         (pl.col("node_kind") == "runtime") & pl.col("name").str.contains(BLOCKING_CALL.pattern)
     ).select("node", "rank", "start_ns", "end_ns")
     if blocking.height == 0:
         return
-    launched = pl.DataFrame(
-        {
-            "act": act_nodes,
-            "rank": nodes["rank"].to_numpy()[act_nodes],
-            "launch_ns": b.start[rt_nodes],
-            "act_end": b.end[act_nodes],
-        }
-    )
+    # running max of the end over launch order per rank, with the activity that holds it
+    run = launched.with_columns(pl.col("act_end").cum_max().over("rank").alias("max_end"))
+    run = run.with_columns(
+        pl.when(pl.col("act_end") == pl.col("max_end")).then(pl.col("act")).otherwise(None).alias("holder")
+    ).with_columns(pl.col("holder").forward_fill().over("rank"))
     cand = (
-        blocking.join(launched, on="rank", how="inner")
-        .filter(
-            (pl.col("launch_ns") <= pl.col("start_ns"))
-            & (pl.col("act_end") >= pl.col("start_ns"))
-            & (pl.col("act_end") <= pl.col("end_ns"))
+        blocking.sort("start_ns")
+        .join_asof(
+            run.select("rank", "l_ts", "max_end", "holder"),
+            left_on="start_ns",
+            right_on="l_ts",
+            by="rank",
+            strategy="backward",
+            check_sortedness=False,
         )
-        .sort("act_end")
-        .group_by("node")
-        .agg(pl.col("act").last(), pl.col("act_end").last(), pl.col("end_ns").first())
+        .filter(
+            pl.col("holder").is_not_null()
+            & (pl.col("max_end") >= pl.col("start_ns"))
+            & (pl.col("max_end") <= pl.col("end_ns"))
+        )
     )
     if cand.height == 0:
         return
     sync = cand["node"].to_numpy()
-    ret = (cand["end_ns"] - cand["act_end"]).to_numpy()
-    b.add(2 * cand["act"].to_numpy() + 1, 2 * sync + 1, INF, "sync")
+    ret = (cand["end_ns"] - cand["max_end"]).to_numpy()
+    b.add(2 * cand["holder"].to_numpy() + 1, 2 * sync + 1, INF, "sync")
     b.duration_nominal[sync] = np.minimum(b.duration_nominal[sync], ret)
     b.sync_nodes[sync] = True
 
@@ -245,28 +265,21 @@ def _sync_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
 def _event_wait_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
     """``cudaStreamWaitEvent``: the next activity launched by the thread waits for the activity last
     launched on another stream of the rank before the call (what the recorded event marks)."""
-    pairs = b.launch_pairs
-    if pairs is None:
+    launched = _launched(b, nodes)
+    if launched is None:
         return
-    rt_nodes, act_nodes = pairs
     waits = nodes.filter((pl.col("node_kind") == "runtime") & pl.col("name").str.contains(STREAM_WAIT.pattern)).select(
         "rank", "lane_tid", pl.col("start_ns").alias("w_ts")
     )
     if waits.height == 0:
         return
-    launched = pl.DataFrame(
-        {
-            "act": act_nodes,
-            "rank": nodes["rank"].to_numpy()[act_nodes],
-            "lane_tid": nodes["lane_tid"].gather(rt_nodes),
-            "stream": nodes["lane_stream"].gather(act_nodes),
-            "l_ts": b.start[rt_nodes],
-        }
-    ).sort("l_ts")
+    following = launched.select(
+        "rank", "lane_tid", "l_ts", pl.col("act").alias("next_act"), pl.col("stream").alias("next_s")
+    ).drop_nulls("lane_tid")
     nxt = (
         waits.sort("w_ts")
         .join_asof(
-            launched.rename({"act": "next_act", "stream": "next_stream"}).drop_nulls("lane_tid"),
+            following,
             left_on="w_ts",
             right_on="l_ts",
             by=["rank", "lane_tid"],
@@ -274,14 +287,27 @@ def _event_wait_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
             check_sortedness=False,
         )
         .drop_nulls("next_act")
+        .drop("l_ts")
     )
     if nxt.height == 0:
         return
-    # latest activity launched before the wait on a stream other than the next one's
+    # the last activity launched before the wait on each other stream of the rank (few streams),
+    # then the latest of those
+    streams = launched.select("rank", "stream").unique()
     cand = (
-        nxt.select("rank", "w_ts", "next_act", "next_stream")
-        .join(launched.select("rank", "act", "stream", "l_ts"), on="rank", how="inner")
-        .filter((pl.col("l_ts") < pl.col("w_ts")) & (pl.col("stream") != pl.col("next_stream")))
+        nxt.join(streams, on="rank", how="inner")
+        .filter(pl.col("stream") != pl.col("next_s"))
+        .sort("w_ts")
+        .join_asof(
+            launched.select("rank", "stream", "l_ts", "act"),
+            left_on="w_ts",
+            right_on="l_ts",
+            by=["rank", "stream"],
+            strategy="backward",
+            allow_exact_matches=False,
+            check_sortedness=False,
+        )
+        .drop_nulls("act")
         .sort("l_ts")
         .group_by("next_act", "w_ts")
         .agg(pl.col("act").last())
