@@ -297,8 +297,9 @@ def test_nsys_rep_without_nsys_says_what_to_run(tmp_path: Path, monkeypatch: pyt
         parse_nsys_file(rep)
 
 
-def _fake_nsys(bin_dir: Path, source: Path, calls: Path) -> None:
-    """A stand-in ``nsys`` (there is none on this machine) that 'exports' by copying ``source``."""
+def _fake_nsys(bin_dir: Path, source: Path, calls: Path, *, old_release: bool = False) -> None:
+    """A stand-in ``nsys`` (there is none on this machine) that 'exports' by copying ``source``;
+    ``old_release`` rejects ``--include-blobs`` like an nsys that predates the option."""
     bin_dir.mkdir()
     script = bin_dir / "nsys"
     script.write_text(
@@ -307,6 +308,8 @@ def _fake_nsys(bin_dir: Path, source: Path, calls: Path) -> None:
         "args = sys.argv[1:]\n"
         f"open({str(calls)!r}, 'a').write(' '.join(args) + '\\n')\n"
         "assert args[:3] == ['export', '--type', 'sqlite'], args\n"
+        f"if {old_release} and '--include-blobs=true' in args:\n"
+        "    sys.exit('unrecognised option --include-blobs')\n"
         f"shutil.copy({str(source)!r}, args[args.index('--output') + 1])\n"
     )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
@@ -326,6 +329,19 @@ def test_nsys_rep_is_exported_once_into_cache(tmp_path: Path, monkeypatch: pytes
     assert (run / CACHE_DIR_NAME / "rank0.sqlite").is_file()
     parse_nsys_file(rep)  # cache is fresh: no second export
     assert len(calls.read_text().splitlines()) == 1
+    assert "--include-blobs=true" in calls.read_text()  # keeps NCCL's NVTX payloads
+
+
+def test_nsys_rep_export_retries_without_blobs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = make_export(tmp_path / "source.sqlite", **one_step())
+    rep = tmp_path / "rank0.nsys-rep"
+    rep.write_bytes(b"report")
+    calls = tmp_path / "calls.txt"
+    _fake_nsys(tmp_path / "bin", source, calls, old_release=True)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert parse_nsys_file(rep)[0].events.num_rows == 4
+    first, second = calls.read_text().splitlines()
+    assert "--include-blobs=true" in first and "--include-blobs" not in second
 
 
 def test_open_export_reads_metadata(tmp_path: Path) -> None:
@@ -380,3 +396,15 @@ def test_nvtx_iteration_marker(tmp_path: Path, db_path: Path) -> None:
         assert its == [(0, "train_step", 50, 400), (1, "train_step", 1050, 1400)]
         ops = con.execute("SELECT ts_ns, iteration, cpu_op_name, link FROM operators ORDER BY 1").fetchall()
         assert ops == [(150, 0, "aten::mm", "time"), (1150, 1, "aten::mm", "time")]
+
+
+def test_two_multi_process_files_by_order_alone_are_refused(tmp_path: Path, db_path: Path) -> None:
+    a, b = one_step(pid=30, device=0, corr=1), one_step(pid=20, device=1, corr=1)
+    both = {k: a[k] + b[k] for k in a}
+    run = tmp_path / "two_nodes"
+    run.mkdir()
+    make_export(run / "node0.sqlite", **both)
+    make_export(run / "node1.sqlite", **both)
+    result = CliRunner().invoke(app, ["ingest", str(run), "--db", str(db_path), "-j", "1"])
+    assert result.exit_code == 2
+    assert "both hold rank 0" in result.output

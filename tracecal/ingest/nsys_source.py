@@ -76,9 +76,16 @@ def is_nsys_path(path: Path) -> bool:
     return name.endswith(NSYS_SUFFIXES)
 
 
-def export_command(rep: Path, output: Path) -> list[str]:
-    """The ``nsys export`` command converting ``rep`` to SQLite at ``output``."""
-    return ["nsys", "export", "--type", "sqlite", "--force-overwrite", "true", "--output", str(output), str(rep)]
+def export_command(rep: Path, output: Path, *, blobs: bool = True) -> list[str]:
+    """The ``nsys export`` command converting ``rep`` to SQLite at ``output``.
+
+    ``--include-blobs=true`` keeps NVTX payloads (NCCL's ranks and message sizes); releases whose
+    ``nsys export`` lacks the option are retried without it (``blobs=False``).
+    """
+    cmd = ["nsys", "export", "--type", "sqlite", "--force-overwrite", "true"]
+    if blobs:
+        cmd.append("--include-blobs=true")
+    return [*cmd, "--output", str(output), str(rep)]
 
 
 def _cached_sqlite(rep: Path) -> Path:
@@ -102,8 +109,11 @@ def _cached_sqlite(rep: Path) -> Path:
             f"run `{' '.join(export_command(rep, suggested))}` where you can write"
         ) from exc
     tmp = cache.with_suffix(".sqlite.partial")
-    cmd = [nsys, *export_command(rep, tmp)[1:]]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    for blobs in (True, False):
+        cmd = [nsys, *export_command(rep, tmp, blobs=blobs)[1:]]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode == 0 and tmp.exists():
+            break
     if done.returncode != 0 or not tmp.exists():
         tmp.unlink(missing_ok=True)
         last = (done.stderr or done.stdout).strip().splitlines()
