@@ -171,10 +171,15 @@ def test_import_writes_and_reimport_replaces(tmp_path: Path, db_path: Path) -> N
     small = _copy([f"{DEVICE}_layernorm_fp16.csv"], COMPUTE, tmp_path / "s")
     _copy([f"{DEVICE}_allgather_large_fp16_8_1.csv"], NCCL, small)
     with open_database(db_path) as con:
-        first = import_gpumodeling25(con, small, "perlmutter")
+        calls: list[tuple[int, int, str]] = []
+        first = import_gpumodeling25(con, small, "perlmutter", progress=lambda *a: calls.append(a))
         again = import_gpumodeling25(con, small, "perlmutter")
         stored = read_samples(con, "perlmutter")
     assert first.files == 2 and first.samples == 351 * 2 + 88
+    assert calls == [
+        (1, 2, f"{DEVICE}_allgather_large_fp16_8_1.csv"),
+        (2, 2, f"{DEVICE}_layernorm_fp16.csv"),
+    ]
     assert again.samples == first.samples and stored.height == first.samples
 
 

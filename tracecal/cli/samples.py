@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tracecal.cli.common import DbOption, render_arrow, render_rows, stdout, user_errors
+from tracecal.cli.common import DbOption, progress_bar, render_arrow, render_rows, stdout, user_errors
 from tracecal.config import Settings
 from tracecal.errors import SampleError
 from tracecal.sql.connection import open_database
@@ -38,8 +38,13 @@ def import_(
 
             if not cluster:
                 raise SampleError("--cluster NAME is required with --format gpumodeling25 (e.g. --cluster perlmutter)")
-            with open_database(settings.db_path) as con:
-                result = import_gpumodeling25(con, path, cluster)
+            with open_database(settings.db_path) as con, progress_bar() as bar:
+                task = bar.add_task("importing", total=None)
+
+                def progress(done: int, total: int, label: str) -> None:
+                    bar.update(task, completed=done, total=total, description=label)
+
+                result = import_gpumodeling25(con, path, cluster, progress=progress)
             flags = ", ".join(f"{n} {reason}" for reason, n in result.flags.items()) or "none"
             stdout.print(
                 f"imported {result.samples} samples from {result.files} files of {path} for cluster {cluster} "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -240,7 +241,13 @@ def comm_rows(f: SampleFile, cluster: str) -> list[dict[str, Any]]:
     return rows
 
 
-def load_gpumodeling25(directory: Path, cluster: str, imported_at: datetime | None = None) -> pa.Table:
+Progress = Callable[[int, int, str], None]
+"""``progress(done, total, label)``: called after each file (the CLI draws a bar with it)."""
+
+
+def load_gpumodeling25(
+    directory: Path, cluster: str, imported_at: datetime | None = None, progress: Progress | None = None
+) -> pa.Table:
     """Every sample CSV in ``directory`` as one Arrow table conforming to ``arrow_schema(SAMPLES)``.
 
     Nothing is returned (and so nothing can be written) unless every file parses.
@@ -252,8 +259,11 @@ def load_gpumodeling25(directory: Path, cluster: str, imported_at: datetime | No
     """
     when = imported_at or datetime.now(timezone.utc).replace(tzinfo=None)
     rows: list[dict[str, Any]] = []
-    for f in discover(directory):
+    files = discover(directory)
+    for done, f in enumerate(files, start=1):
         rows.extend(comm_rows(f, cluster) if f.is_comm else compute_rows(f, cluster))
+        if progress is not None:
+            progress(done, len(files), f.path.name)
     table = pa.Table.from_pylist(rows, schema=arrow_schema(SAMPLES))
     # one import time for every row
     micros = round(when.replace(tzinfo=timezone.utc).timestamp() * 1_000_000)
@@ -271,7 +281,9 @@ class ImportResult:
     """Flagged samples per quality reason."""
 
 
-def import_gpumodeling25(con: duckdb.DuckDBPyConnection, directory: Path, cluster: str) -> ImportResult:
+def import_gpumodeling25(
+    con: duckdb.DuckDBPyConnection, directory: Path, cluster: str, progress: Progress | None = None
+) -> ImportResult:
     """Load every sample CSV of ``directory``, flag implausible rows (``quality.flag_samples``) and
     upsert them for ``cluster`` in one transaction: all files or nothing. Re-importing replaces.
 
@@ -279,7 +291,7 @@ def import_gpumodeling25(con: duckdb.DuckDBPyConnection, directory: Path, cluste
         InputNotFoundError, SampleError: see ``load_gpumodeling25``; nothing is written.
     """
     files = discover(directory)
-    table = load_gpumodeling25(directory, cluster)
+    table = load_gpumodeling25(directory, cluster, progress=progress)
     frame = flag_samples(pl.from_arrow(table))  # type: ignore[arg-type]
     written = write_samples(con, frame.to_arrow(), origin=str(directory))
     return ImportResult(files=len(files), samples=written, flags=flag_counts(frame))
