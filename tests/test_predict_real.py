@@ -148,3 +148,36 @@ def test_workload_measured_replay_reproduces_every_rank(workload_db: Path, layou
     # gloo traces carry no process-group arguments: with TP and PP both > 1 the all-reduce role is unknown
     expected = {"pp2": "comm_pp", "tp2": "comm_tp", "dp2": "comm_dp", "pp2tp2": "comm_pp"}[layout]
     assert expected in comps, comps
+
+
+def test_cli_validate_markdown_csv_and_figures(dlrm_db: Path, tmp_path: Path) -> None:
+    runner = CliRunner()
+    out = tmp_path / "errors.md"
+    figs = tmp_path / "figs"
+    result = runner.invoke(
+        app,
+        [
+            "validate",
+            "dlrm_8rank",
+            "--db",
+            str(dlrm_db),
+            "--scale",
+            "gemm=0.5",
+            "--output",
+            str(out),
+            "--figures",
+            str(figs),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert "| component | dlrm_8rank |" in text and "| overall |" in text
+    pngs = sorted(p.name for p in figs.glob("*.png"))
+    assert pngs[0] == "component_proportions.png" and pngs[1].startswith("timeline_dlrm_8rank_rank")
+    assert all((figs / p).stat().st_size > 10_000 for p in pngs)
+    csv = runner.invoke(app, ["validate", "--db", str(dlrm_db), "--mode", "measured", "--format", "csv"])
+    assert csv.exit_code == 0, csv.output
+    table = pl.read_csv(csv.stdout.encode())
+    assert table.columns == ["component", "dlrm_8rank"]
+    overall = table.filter(pl.col("component") == "overall")["dlrm_8rank"][0]
+    assert overall == 0.0
