@@ -1,0 +1,280 @@
+"""Kineto ingest speed and memory: tracecal vs HolisticTraceAnalysis, in one run.
+
+    python benchmarks/ingest_vs_hta.py ../shared/data/traces/kineto/dlrm_8rank ../shared/data/traces/kineto/single/*.gz
+    python benchmarks/ingest_vs_hta.py --stress --size-gb 1.0      # synthetic >= 1 GB rank from a real trace
+
+For each run (a directory of rank traces, or one trace file), each case runs in a fresh Python
+process (imports excluded from the timing) while a sampler thread records the RSS of the process
+and of its worker processes every 10 ms:
+- ``tracecal -j1``: ``ingest_runs`` with one worker into a new database — parse + load, then the
+  decode step (operators, collectives, iterations) reported separately;
+- ``tracecal -j2``: the same with two worker processes (runs with several files only);
+- ``HTA``: ``TraceAnalysis(trace_dir=...)`` on a directory of links to the same files (HTA parses
+  several ranks with a process pool of min(cores, ranks)).
+
+Printed per case: wall seconds, MB/s of uncompressed JSON, peak RSS of the main process and of the
+largest worker, and the ratio HTA / tracecal (parse + load, and end to end with decode).
+``--stress`` replicates a real trace's events with shifted timestamps into one uncompressed file of at
+least ``--size-gb`` GB in a temporary directory (deleted afterwards, never committed) and ingests it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gzip
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+SHARED_KINETO = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "kineto"
+STRESS_SOURCE = SHARED_KINETO / "single" / "a100_ddp_rank0_of_2.json.gz"
+
+
+# --- measurement in a child process -----------------------------------------------------------------
+
+
+class _Usage:
+    """Peak RSS of this process and of its largest descendant, and CPU seconds of the whole process
+    tree, sampled every 10 ms (CPU time is the fair figure on a shared, loaded machine)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self.process = psutil.Process()
+        self.main_peak = 0
+        self.worker_peak = 0
+        self._child_cpu: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            self.main_peak = max(self.main_peak, self.process.memory_info().rss)
+            for child in self.process.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    self.worker_peak = max(self.worker_peak, child.memory_info().rss)
+                    times = child.cpu_times()
+                    self._child_cpu[child.pid] = times.user + times.system
+            self._stop.wait(0.01)
+
+    @property
+    def cpu_seconds(self) -> float:
+        times = self.process.cpu_times()
+        return times.user + times.system + sum(self._child_cpu.values()) - self._cpu_at_start
+
+    def __enter__(self) -> _Usage:
+        times = self.process.cpu_times()
+        self._cpu_at_start = times.user + times.system
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
+    import importlib
+
+    from tracecal.sql.connection import open_database
+    from tracecal.sql.load import IngestOptions, ingest_runs
+
+    for module in ("tracecal.ingest.kineto", "tracecal.sql.decoding", "polars", "pyarrow.compute"):
+        importlib.import_module(module)  # imported before timing, as HTA's are
+
+    with tempfile.TemporaryDirectory() as tmp, _Usage() as usage:
+        started = time.perf_counter()
+        with open_database(Path(tmp) / "bench.duckdb") as con:
+            report = ingest_runs(con, [run], IngestOptions(workers=workers))
+        wall = time.perf_counter() - started
+    (result,) = report.runs
+    return {
+        "wall": wall,
+        "load": result.load_seconds,
+        "decode": result.decode_seconds,
+        "events": result.events,
+        "ranks": result.ranks,
+        "source_bytes": result.source_bytes,
+        "cpu": usage.cpu_seconds,
+        "main_rss": usage.main_peak,
+        "worker_rss": usage.worker_peak,
+    }
+
+
+def _measure_hta(run: Path) -> dict[str, Any]:
+    import logging
+
+    from hta.trace_analysis import TraceAnalysis
+
+    logging.disable(logging.INFO)
+    with tempfile.TemporaryDirectory() as tmp, _Usage() as usage:
+        for i, f in enumerate(_trace_files(run)):  # HTA reads every *.json / *.gz of one directory
+            os.symlink(f, Path(tmp) / f"{i}_{f.name}")
+        started = time.perf_counter()
+        analysis = TraceAnalysis(trace_dir=tmp)
+        wall = time.perf_counter() - started
+        events = sum(len(df) for df in analysis.t.traces.values())
+    return {
+        "wall": wall,
+        "events": events,
+        "ranks": len(analysis.t.traces),
+        "cpu": usage.cpu_seconds,
+        "main_rss": usage.main_peak,
+        "worker_rss": usage.worker_peak,
+    }
+
+
+def _child(case: str, run: Path) -> None:
+    result = _measure_hta(run) if case == "hta" else _measure_tracecal(run, int(case.removeprefix("tracecal-j")))
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+def _run_child(case: str, run: Path) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", case, str(run)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# --- the comparison -----------------------------------------------------------------------------------
+
+
+def _trace_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path.resolve()]
+    return sorted(p.resolve() for p in path.rglob("*") if p.name.endswith((".json", ".json.gz")))
+
+
+def _uncompressed_bytes(files: list[Path]) -> int:
+    total = 0
+    for f in files:
+        if f.name.endswith(".gz"):
+            with gzip.open(f, "rb") as handle:
+                while chunk := handle.read(1 << 24):
+                    total += len(chunk)
+        else:
+            total += f.stat().st_size
+    return total
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:8.1f}"
+
+
+def compare(paths: list[Path], with_hta: bool) -> None:
+    header = (
+        f"{'run':30s} {'case':11s} {'ranks':>5s} {'events':>7s} {'MB':>6s} {'load s':>7s} {'decode s':>8s} "
+        f"{'total s':>7s} {'CPU s':>6s} {'MB/s':>6s} {'main RSS':>8s} {'wkr RSS':>7s}   HTA ÷ this: load / total / CPU"
+    )
+    print(header)
+    print("-" * len(header))
+    for path in paths:
+        files = _trace_files(path)
+        if not files:
+            print(f"{path}: no trace files", file=sys.stderr)
+            continue
+        size = _uncompressed_bytes(files)
+        cases = ["tracecal-j1"] + (["tracecal-j2"] if len(files) > 1 else []) + (["hta"] if with_hta else [])
+        results = {case: _run_child(case, path) for case in cases}
+        hta = results.get("hta")
+        for case, r in results.items():
+            load = r.get("load", r["wall"])
+            decode = f"{r['decode']:8.2f}" if "decode" in r else ""
+            ratio = ""
+            if hta is not None and case != "hta":
+                ratio = f"{hta['wall'] / load:5.1f}x / {hta['wall'] / r['wall']:4.1f}x / {hta['cpu'] / r['cpu']:4.1f}x"
+            print(
+                f"{path.name[:30]:30s} {case:11s} {r['ranks']:5d} {r['events']:7d} {size / 1e6:6.1f} {load:7.2f} "
+                f"{decode:>8s} {r['wall']:7.2f} {r['cpu']:6.2f} {size / 1e6 / load:6.1f} {r['main_rss'] / 1e6:8.0f} "
+                f"{r['worker_rss'] / 1e6:7.0f}   {ratio}"
+            )
+        if "tracecal-j2" in results:
+            j1, j2 = results["tracecal-j1"]["load"], results["tracecal-j2"]["load"]
+            print(f"{'':30s} parse + load speed-up from 1 to 2 workers: {j1 / j2:.2f}x")
+    print(
+        "\nMB: uncompressed JSON. load s: parse + insert (HTA: TraceAnalysis). total s: open database + load + "
+        "decode + commit. CPU s: all processes. MB/s: MB / load s. RSS: peak MB (10^6 bytes), main process and "
+        "largest worker."
+    )
+
+
+def stress(size_gb: float, source: Path, keep: bool) -> None:
+    """Replicate ``source``'s events with shifted timestamps into one >= size_gb GB file; ingest it."""
+    import orjson
+
+    with gzip.open(source, "rb") as handle:
+        document = orjson.loads(handle.read())
+    events = document.pop("traceEvents")
+    stamped = [e for e in events if isinstance(e.get("ts"), (int, float))]
+    span = max(e["ts"] + e.get("dur", 0) for e in stamped) - min(e["ts"] for e in stamped)
+    head = orjson.dumps(document)[:-1] + b', "traceEvents": ['
+    target = int(size_gb * 1e9)
+    tmp = Path(tempfile.mkdtemp(prefix="tracecal-stress-"))
+    path = tmp / "rank-0.json"
+    written = 0
+    started = time.perf_counter()
+    with path.open("wb") as out:
+        out.write(head)
+        copy = 0
+        while written < target:
+            shift = round(copy * (span + 1000.0), 3)
+            chunk = orjson.dumps([{**e, "ts": round(e["ts"] + shift, 3)} if "ts" in e else e for e in events])
+            if copy:
+                out.write(b",")
+            out.write(chunk[1:-1])
+            written += len(chunk)
+            copy += 1
+        out.write(b"]}")
+    size = path.stat().st_size
+    print(
+        f"stress file: {path} {size / 1e9:.2f} GB, {copy} copies of {source.name} "
+        f"({len(events) * copy:,} events), written in {time.perf_counter() - started:.0f} s"
+    )
+    try:
+        r = _run_child("tracecal-j1", path)
+        print(
+            f"tracecal -j1: {r['events']:,} events, parse + load {r['load']:.1f} s "
+            f"({size / 1e6 / r['load']:.1f} MB/s), decode {r['decode']:.1f} s, total {r['wall']:.1f} s "
+            f"({size / 1e6 / r['wall']:.1f} MB/s); peak RSS {r['main_rss'] / 1e9:.2f} GB "
+            f"= {r['main_rss'] / size:.2f}x the file"
+        )
+    finally:
+        if not keep:
+            path.unlink()
+            tmp.rmdir()
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(sys.argv[2], Path(sys.argv[3]))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="*", type=Path, help="run directories or trace files")
+    parser.add_argument("--no-hta", action="store_true", help="tracecal only")
+    parser.add_argument("--stress", action="store_true", help="ingest a synthetic-from-real >= --size-gb file")
+    parser.add_argument("--size-gb", type=float, default=1.0)
+    parser.add_argument("--source", type=Path, default=STRESS_SOURCE, help="real trace replicated by --stress")
+    parser.add_argument("--keep", action="store_true", help="keep the stress file")
+    args = parser.parse_args()
+    if args.runs:
+        compare(args.runs, with_hta=not args.no_hta)
+    if args.stress:
+        stress(args.size_gb, args.source, args.keep)
+    if not args.runs and not args.stress:
+        parser.error("give run directories / trace files, or --stress")
+
+
+if __name__ == "__main__":
+    main()
