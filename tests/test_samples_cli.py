@@ -35,6 +35,7 @@ def test_import_list_export_and_import_elsewhere(published: Path, tmp_path: Path
     listed = runner.invoke(app, ["samples", "list", "--db", str(db)])
     assert listed.exit_code == 0, listed.output
     assert "layernorm" in listed.output and "allgather_large" in listed.output
+    assert "8x1" in listed.output  # the topologies a comm op covers
     assert "790" in listed.output
 
     out = tmp_path / "perlmutter.parquet"

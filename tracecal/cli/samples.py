@@ -96,23 +96,23 @@ def list_(
             )
             return
         by_op = overview.group_by(["cluster", "family", "op", "direction"]).aggregate(
-            [("samples", "sum"), ("flagged", "sum")]
+            [("tp_values", "max"), ("topologies", "max"), ("samples", "sum"), ("flagged", "sum")]
         )
-        by_op = by_op.sort_by(
-            [("cluster", "ascending"), ("family", "ascending"), ("op", "ascending"), ("direction", "ascending")]
-        )
+        order = ["cluster", "family", "op", "direction", "tp_values_max", "topologies_max"]
+        order += ["samples_sum", "flagged_sum"]
         render_rows(
             f"samples in {settings.db_path}",
-            ["cluster", "family", "op", "dir", "samples", "flagged"],
-            [list(r.values()) for r in by_op.to_pylist()],
+            ["cluster", "family", "op", "dir", "tp", "topology", "samples", "flagged"],
+            sorted([r[c] for c in order] for r in by_op.to_pylist()),
         )
         by_source = overview.group_by(["cluster", "source", "devices"]).aggregate(
             [("samples", "sum"), ("flagged", "sum")]
         )
+        order = ["cluster", "source", "devices", "samples_sum", "flagged_sum"]
         render_rows(
             "per cluster and source",
             ["cluster", "source", "devices", "samples", "flagged"],
-            sorted(list(r.values()) for r in by_source.to_pylist()),
+            sorted([r[c] for c in order] for r in by_source.to_pylist()),
         )
         if flags.num_rows:
             render_arrow("flagged samples per reason (excluded from calibration)", flags)

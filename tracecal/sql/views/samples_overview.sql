@@ -8,6 +8,10 @@ SELECT
     direction,
     source,
     string_agg(DISTINCT device_name, ', ' ORDER BY device_name) AS devices,
+    nullif(array_to_string(list_sort(list_distinct(list(tp))), ','), '') AS tp_values,
+    nullif(array_to_string(list_sort(list_distinct(list(
+        CASE WHEN nodes IS NOT NULL AND gpus_per_node IS NOT NULL THEN nodes || 'x' || gpus_per_node END
+    ))), ','), '') AS topologies,
     count(*) AS samples,
     count(quality_flag) AS flagged,
     count(DISTINCT source_file) AS files,
@@ -23,6 +27,8 @@ COMMENT ON COLUMN samples_overview.op IS 'published op name or sampled op';
 COMMENT ON COLUMN samples_overview.direction IS 'fwd or bwd';
 COMMENT ON COLUMN samples_overview.source IS 'sampler or imported:<format>';
 COMMENT ON COLUMN samples_overview.devices IS 'device names that took the samples, comma-separated';
+COMMENT ON COLUMN samples_overview.tp_values IS 'tensor-parallel sizes the shapes were derived for (published samples), comma-separated; NULL when none: a model asked for another TP size extrapolates';
+COMMENT ON COLUMN samples_overview.topologies IS 'nodes x GPUs per node of comm samples, comma-separated; NULL for compute';
 COMMENT ON COLUMN samples_overview.samples IS 'stored samples';
 COMMENT ON COLUMN samples_overview.flagged IS 'samples with a quality_flag (excluded from calibration)';
 COMMENT ON COLUMN samples_overview.files IS 'distinct source files (imported) or configs (sampled)';
