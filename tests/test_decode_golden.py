@@ -307,3 +307,44 @@ def test_send_recv_peers_from_args_and_pairing() -> None:
     ids = both["match_id"].to_list()
     assert ids[0] == ids[2] and ids[1] == ids[3] and ids[0] != ids[1]
     assert both["busbw_gbps"].to_list() == pytest.approx([1024 / 20] * 4)
+
+
+def test_gloo_work_linked_to_its_c10d_call_role_group_and_peer_from_layout() -> None:
+    # rank 1 of pp=2 x tp=2 x dp=1 (Megatron order): TP group [0, 1], next pipeline stage is rank 3
+    ev = events(
+        [
+            step(1, 0, 10_000),  # 0
+            op("_ReduceFromModelParallelRegion", 100, 300),  # 1
+            op("c10d::allreduce_", 110, 20),  # 2
+            {
+                "kind": "user_annotation",
+                "name": "gloo:all_reduce",
+                "ts": 140,
+                "dur": 200,
+                "tid": 9,
+                "input_dims": "[[2,128,256]]",
+                "input_types": '["float"]',
+            },  # 3: on a gloo thread
+            {"kind": "user_annotation", "name": "_exec_send_activations", "ts": 1_000, "dur": 100},  # 4
+            op("c10d::send", 1_010, 20),  # 5
+            {
+                "kind": "user_annotation",
+                "name": "gloo:send",
+                "ts": 1_040,
+                "dur": 500,
+                "tid": 8,
+                "input_dims": "[[2,128,256]]",
+                "input_types": '["float"]',
+            },  # 6
+            op("aten::mm", 2_000, 100, input_dims="[[256,128],[128,256]]", input_types='["float","float"]'),  # 7
+            op("aten::empty", 2_010, 5),  # 8: metadata only, the mm stays the leaf
+        ],
+        rank=1,
+    )
+    d = decode_rank(ev, rank=1, layout=Layout(world_size=4, pp=2, tp=2, dp=1))
+    c = d.collectives.sort("ts_ns").select("event_id", "name", "role", "group_key", "group_size", "peer", "pg_ranks")
+    assert c.rows() == [(3, "all_reduce", "tp", "[0,1]", 2, None, None), (6, "send", "pp", "[1,3]", 2, 3, None)]
+    ops = d.operators.sort("event_id")
+    assert ops["event_id"].to_list() == [2, 3, 5, 6, 7]
+    assert by_id(ops, 3)["component"] == "comm_tp" and by_id(ops, 6)["component"] == "comm_pp"
+    assert (by_id(ops, 7)["family"], by_id(ops, 7)["flops"]) == ("gemm", 2 * 256 * 128 * 256)

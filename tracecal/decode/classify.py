@@ -106,7 +106,7 @@ def assign_phases(events: pl.DataFrame, operators: pl.DataFrame) -> pl.DataFrame
     autograd = (
         pl.col("_autograd").fill_null(False)
         | pl.col("cpu_op_name").fill_null("").str.contains(AUTOGRAD)
-        | pl.col("cpu_fwd_thread_id").is_not_null()
+        | (pl.col("cpu_fwd_thread_id").fill_null(0) > 0)  # forward ops record 0
     )
     out = out.with_columns(
         pl.when(autograd)

@@ -14,13 +14,12 @@ Bytes per nanosecond are GB/s.
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass
 
 import orjson
 import polars as pl
 
-from tracecal.decode.nesting import enclosing
+from tracecal.decode.nesting import covered, enclosing
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
 
 COMM_KERNEL = r"(?i)^(nccl|rccl)\w*Kernel|^ncclDevKernel|^ncclKernel"
@@ -168,13 +167,15 @@ def role_of_group(ranks: list[int] | None, layout: Layout) -> str | None:
 
 
 SCOPE_ROLES = (
-    ("tp", r"(?i)ModelParallelRegion|ColumnParallel|RowParallel|tensor_parallel|_tp_"),
+    ("tp", r"(?i)ModelParallelRegion|ColumnParallel|RowParallel|tensor_parallel"),
     ("pp", r"(?i)send_activations|recv_activations|send_grads|recv_grads|_exec_send|_exec_recv|p2p_communication"),
-    ("dp", r"(?i)_exec_reduce_grads|reduce_grads|allreduce_gradients|DistributedDataParallel|reducer|grad_sync"),
-    ("ep", r"(?i)\bmoe\b|expert|dispatch|combine"),
+    ("dp", r"(?i)_exec_reduce_grads|reduce_grads|allreduce_gradients|grad_sync"),
+    ("ep", r"(?i)\bmoe\b|expert"),
 )
-"""Framework scopes that say a collective's role when the layout cannot (SPEC §5.3)."""
-_SCOPE_RE = tuple((role, re.compile(p)) for role, p in SCOPE_ROLES)
+"""Framework scopes (any operator or annotation enclosing the launch on its thread) that say a
+collective's role when its process group does not (SPEC §5.3)."""
+_DIRECTIONS = (("_next", r"(?i)send_activations|recv_grads"), ("_prev", r"(?i)recv_activations|send_grads"))
+"""Pipeline scopes that say which neighbour stage a send/recv talks to."""
 
 
 _CONTEXT = (
@@ -233,6 +234,92 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     return out
 
 
+def layout_group(rank: int, role: str, layout: Layout) -> list[int] | None:
+    """The global ranks of ``rank``'s ``role`` group under Megatron order (TP fastest, then DP, then PP)."""
+    tp, dp, pp = layout.tp, layout.dp, layout.pp
+    if tp is None or dp is None or pp is None or role not in ("tp", "dp", "pp"):
+        return None
+    pp_i, rest = divmod(rank, dp * tp)
+    dp_i, tp_i = divmod(rest, tp)
+    if role == "tp":
+        return [pp_i * dp * tp + dp_i * tp + t for t in range(tp)]
+    if role == "dp":
+        return [pp_i * dp * tp + d * tp + tp_i for d in range(dp)]
+    return [p * dp * tp + dp_i * tp + tp_i for p in range(pp)]
+
+
+def _link_cpu_work(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
+    """Give gloo work ranges the launch context of the ``c10d::`` operator that enqueued them.
+
+    gloo runs collectives on its own threads; the enqueuing operator on the training thread carries
+    the framework scopes. Work is FIFO per collective kind: the k-th ``gloo:all_reduce`` range is the
+    k-th ``c10d::allreduce_`` call (both in start order).
+    """
+    c10d = events.filter((pl.col("kind") == "cpu_op") & pl.col("name").str.starts_with("c10d::"))
+    names = set(inst["name"].to_list()) | set(c10d["name"].to_list())
+    kinds = {n: normalize_collective(n) or n for n in names}
+
+    def numbered(frame: pl.DataFrame) -> pl.DataFrame:
+        return (
+            frame.sort("ts_ns", "event_id")
+            .with_columns(pl.col("name").replace_strict(kinds, return_dtype=pl.Utf8).alias("_kind"))
+            .with_columns(pl.int_range(0, pl.len()).over("_kind").alias("_k"))
+        )
+
+    ops = numbered(c10d).select(
+        "_kind", "_k", pl.col("pid").alias("_pid"), pl.col("tid").alias("_tid"), pl.col("ts_ns").alias("_launch")
+    )
+    linked = numbered(inst).join(ops, on=["_kind", "_k"], how="left")
+    return linked.with_columns(
+        pl.coalesce("_launch", "launch_ns").alias("launch_ns"),
+        pl.coalesce("_pid", "cpu_pid").alias("cpu_pid"),
+        pl.coalesce("_tid", "cpu_tid").alias("cpu_tid"),
+    ).drop("_kind", "_k", "_pid", "_tid", "_launch")
+
+
+def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
+    """Per instance: the first role of ``SCOPE_ROLES`` whose scope encloses the launch on its thread
+    (``scope_role``), and the pipeline direction (``_next`` / ``_prev`` booleans)."""
+    scopes = events.filter(pl.col("kind").is_in(["cpu_op", "user_annotation", "python_function", "nvtx"]))
+    sets = [*SCOPE_ROLES, *_DIRECTIONS]
+    pts = inst.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
+        pl.col("cpu_pid").alias("pid"),
+        pl.col("cpu_tid").alias("tid"),
+        pl.col("event_id").alias("qid"),
+        pl.col("launch_ns").alias("t"),
+    )
+    iv = pl.concat(
+        [
+            scopes.filter(pl.col("name").str.contains(pat)).select(
+                "pid", "tid", pl.lit(tag).alias("tag"), pl.col("event_id").alias("id"), "ts_ns", "end_ns"
+            )
+            for tag, pat in sets
+        ],
+        how="vertical_relaxed",
+    )
+    allpts = pl.concat([pts.with_columns(pl.lit(tag).alias("tag")) for tag, _ in sets]).with_row_index("_q")
+    allpts = allpts.with_columns(pl.col("_q").cast(pl.Int64))
+    cov = covered(iv, allpts.select("pid", "tid", "tag", pl.col("_q").alias("qid"), "t"), lane=("pid", "tid", "tag"))
+    hit = allpts.join(cov.rename({"qid": "_q"}), on="_q", how="left").filter(pl.col("count") > 0)
+    role_order = {tag: i for i, (tag, _) in enumerate(SCOPE_ROLES)}
+    roles = (
+        hit.filter(pl.col("tag").is_in(list(role_order)))
+        .with_columns(pl.col("tag").replace_strict(role_order, return_dtype=pl.Int32).alias("_o"))
+        .sort("_o")
+        .group_by("qid")
+        .agg(pl.col("tag").first().alias("scope_role"))
+    )
+    dirs = hit.group_by("qid").agg(
+        (pl.col("tag") == "_next").any().alias("_next"), (pl.col("tag") == "_prev").any().alias("_prev")
+    )
+    return (
+        inst.select(pl.col("event_id").alias("qid"))
+        .join(roles, on="qid", how="left")
+        .join(dirs, on="qid", how="left")
+        .rename({"qid": "event_id"})
+    )
+
+
 def rank_collectives(
     events: pl.DataFrame, operators: pl.DataFrame, *, rank: int, layout: Layout, gpu: bool
 ) -> pl.DataFrame:
@@ -271,8 +358,11 @@ def rank_collectives(
         "dst_rank",
     ]
     own = events.select("event_id", *[pl.col(c).alias("k_" + c) for c in own_cols])
+    if not gpu:
+        inst = _link_cpu_work(events, inst)
     inst = inst.join(own, on="event_id", how="left")
     inst = inst.join(_context_attrs(events, inst), on="event_id", how="left")
+    inst = inst.join(_scope_evidence(events, inst), on="event_id", how="left")
 
     def first(field: str, prefixes: str = "kra") -> pl.Expr:
         return pl.coalesce([pl.col(p + "_" + field) for p in prefixes])
@@ -310,13 +400,15 @@ def rank_collectives(
             if elems is not None and name == "all_gather" and gsize:
                 elems *= gsize  # the annotation shows the local shard; nccl-tests S is the total
         size = elems * nbytes if elems is not None and nbytes else None
-        role = role_of_group(ranks, layout)
-        if role is None:
-            scope = " ".join(x for x in (r["scope_name"], r["c_name"]) if x)
-            role = next((ro for ro, pat in _SCOPE_RE if scope and pat.search(scope)), None)
-        if role is None and gsize and layout.world_size and gsize == layout.world_size:
+        role = role_of_group(ranks, layout) or r["scope_role"]
+        if role is None and ranks is None and r["_gsize"] is None and layout.world_size:
             big = [a for a, s in (("tp", layout.tp), ("dp", layout.dp), ("pp", layout.pp)) if s and s > 1]
             role = big[0] if len(big) == 1 else None
+        # no process group in the trace (gloo, older Kineto): the role's group under the layout
+        # identifies the instance across ranks (kept out of pg_ranks: it is inferred, not recorded)
+        inferred = layout_group(rank, role, layout) if ranks is None and role else None
+        if inferred is not None:
+            gsize = len(inferred)
         peer = None
         if name == "send" and r["_dst"] is not None:
             peer = r["_dst"]
@@ -324,6 +416,11 @@ def rank_collectives(
             peer = r["_src"]
         elif name in ("send", "recv") and ranks and len(ranks) == 2 and rank in ranks:
             peer = ranks[0] if ranks[1] == rank else ranks[1]
+        elif name in ("send", "recv") and role == "pp" and inferred and (r["_next"] or r["_prev"]):
+            stage = inferred.index(rank)
+            step_ = 1 if r["_next"] else -1
+            if 0 <= stage + step_ < len(inferred):
+                peer = inferred[stage + step_]
         factor = busbw_factor(name, gsize)
         dur = r["dur_ns"]
         algbw = size / dur if size is not None and dur else None
@@ -345,6 +442,7 @@ def rank_collectives(
                 "size_bytes": size,
                 "group_size": gsize,
                 "coll_seq": r["coll_seq"],
+                "_inferred": orjson.dumps(inferred).decode() if inferred else None,
                 "linked": r["launch_ns"] is not None,
             }
         )
@@ -352,12 +450,12 @@ def rank_collectives(
         "event_id": pl.Int64, "name": pl.Utf8, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "dtype": pl.Utf8,
         "pg_name": pl.Utf8, "pg_ranks": pl.Utf8, "peer": pl.Int32, "role": pl.Utf8, "iteration": pl.Int32,
         "stream": pl.Int32, "algbw_gbps": pl.Float64, "busbw_gbps": pl.Float64, "size_bytes": pl.Int64,
-        "group_size": pl.Int32, "coll_seq": pl.Int64, "linked": pl.Boolean,
+        "group_size": pl.Int32, "coll_seq": pl.Int64, "_inferred": pl.Utf8, "linked": pl.Boolean,
     }  # fmt: skip
     out = pl.DataFrame(records, schema=schema, orient="row")
     out = out.with_columns(
         pl.lit(rank, dtype=pl.Int32).alias("rank"),
-        pl.coalesce(pl.col("pg_name"), pl.col("pg_ranks"), pl.lit("default")).alias("group_key"),
+        pl.coalesce(pl.col("pg_name"), pl.col("pg_ranks"), pl.col("_inferred"), pl.lit("default")).alias("group_key"),
         (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"),
     ).sort("ts_ns", "event_id")
     # order within the group on this rank; instances launched before the capture (no CPU side)

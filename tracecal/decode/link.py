@@ -27,6 +27,15 @@ GPU_KINDS = ("kernel", "memcpy", "memset")
 RUNTIME_KINDS = ("cuda_runtime", "cuda_driver")
 PROFILER_STEP = r"^ProfilerStep#\d+$"
 CPU_COMM_WORK = r"^gloo:"
+METADATA_OPS = (
+    r"^aten::(view|_unsafe_view|view_as|empty|empty_strided|empty_like|new_empty|new_empty_strided|as_strided"
+    r"|reshape|_reshape_alias|expand|expand_as|t|transpose|permute|unsqueeze|squeeze|select|slice|narrow|detach"
+    r"|detach_|alias|resolve_conj|resolve_neg|contiguous|result_type|size|stride|is_nonzero|item"
+    r"|_local_scalar_dense|lift_fresh|split|split_with_sizes|chunk|unbind|flatten|unflatten|to|numpy_T"
+    r"|_has_compatible_shallow_copy_type|set_|_nested_tensor_from_mask_left_aligned)$"
+)
+"""CPU operators that only build tensor metadata or allocate: on CPU-only ranks they are not operators
+(a matmul that calls ``aten::empty`` for its output is still the leaf that did the work)."""
 """Names of CPU ranges that are the communication work itself (gloo runs it on its own threads)."""
 
 
@@ -181,9 +190,12 @@ def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
 def cpu_leaf_operators(events: pl.DataFrame) -> pl.DataFrame:
     """Operators of a CPU-only rank: leaf ``cpu_op`` events plus ``gloo:*`` work ranges.
 
+    Leaves are taken after setting aside metadata-only operators (``METADATA_OPS``: views, empty,
+    reshape, ...), which do no work of their own and would otherwise hide the matmul that calls them.
+
     Same columns as ``link_gpu_operators``; the CPU operator of each row is the row itself.
     """
-    cpu = _cpu_ops(events)
+    cpu = _cpu_ops(events).filter(~pl.col("name").str.contains(METADATA_OPS))
     par = parents(cpu.select("pid", "tid", pl.col("event_id").alias("id"), "ts_ns", "end_ns"), lane=("pid", "tid"))
     has_child = par.filter(pl.col("parent_id").is_not_null()).select(pl.col("parent_id").alias("event_id")).unique()
     leaves = cpu.join(has_child, on="event_id", how="anti")
