@@ -1,6 +1,6 @@
 """How much decoding adds to ingest: ingest-only vs ingest+decode on the shared traces, side by side.
 
-Usage: python benchmarks/decode_overhead.py [--repeats 3] [--workers 1]
+Usage: python benchmarks/decode_overhead.py [--repeats 3] [--workers 1] [EXTRA_RUN_DIR ...]
 
 "ingest-only" runs the real loader with its decode step replaced by a no-op; "ingest+decode" runs it
 unchanged. Each is the best of --repeats runs into a fresh database. The decode share is also taken
@@ -50,13 +50,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("extra", nargs="*", type=Path, help="more run directories (e.g. a tracecal workload run)")
     args = parser.parse_args()
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}; workers={args.workers}")
     print(
         f"{'run':32} {'ingest-only s':>14} {'ingest+decode s':>16} {'ratio':>7} {'decode s':>9} {'decode/ingest':>14}"
     )
     tot_plain = tot_full = tot_dec = 0.0
-    for run in RUNS:
+    for run in [*RUNS, *args.extra]:
         _ingest(run, args.workers, True)  # warm the page cache and imports
         plain = min(_ingest(run, args.workers, False)[0] for _ in range(args.repeats))
         fulls = [_ingest(run, args.workers, True) for _ in range(args.repeats)]
