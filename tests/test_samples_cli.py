@@ -9,6 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import GPUMODELING25
+from tracecal.cli.common import stdout
 from tracecal.cli.main import app
 from tracecal.sql.connection import open_database
 
@@ -26,7 +27,10 @@ def published(tmp_path: Path) -> Path:
     return out
 
 
-def test_import_list_export_and_import_elsewhere(published: Path, tmp_path: Path) -> None:
+def test_import_list_export_and_import_elsewhere(
+    published: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stdout, "width", 160)  # tables unfolded, so names can be asserted whole
     db, other = tmp_path / "a.duckdb", tmp_path / "b.duckdb"
     imported = runner.invoke(app, ["samples", "import", str(published), "--cluster", "perlmutter", "--db", str(db)])
     assert imported.exit_code == 0, imported.output
