@@ -85,3 +85,14 @@ def test_comm_bad_input(db_path: Path) -> None:
     assert result.exit_code == 2 and "size 'BIG' is not a byte count" in result.output
     result = runner.invoke(app, ["sample", "comm", "--cluster", "c", "--collectives", "gossip", "--db", str(db_path)])
     assert result.exit_code == 2 and "unknown collective 'gossip'" in result.output
+
+
+def test_cuda_without_a_gpu_is_one_clear_error(db_path: Path) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    args = ["sample", "compute", "--cluster", "c", "--config", "ci", "--device", "cuda", "--db", str(db_path)]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2
+    assert "--device cuda given but torch sees no CUDA device; use --device cpu" in " ".join(result.output.split())

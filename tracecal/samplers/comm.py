@@ -443,6 +443,10 @@ def run_distributed(settings: CommSettings, backend: str, db: Path | None, outpu
     if (db is None) == (output is None):
         raise SampleError("give exactly one of --db or --output for rank 0 to write to")
     settings.check()
+    if backend == "nccl":  # bind this rank to its GPU before NCCL creates its communicator
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
     try:
         skip: list[Any] = [frozenset()]

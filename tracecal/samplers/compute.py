@@ -110,7 +110,7 @@ def sample_compute(
     rows: list[dict[str, Any]] = []
     last_flush = time.perf_counter()
     try:
-        with _cpu_threads(settings):
+        with _device_scope(settings):
             for done, (point, sid) in enumerate(todo, start=1):
                 row = _measure(point, sid, settings, env, extra_params)
                 if isinstance(row, str):
@@ -130,11 +130,16 @@ def sample_compute(
 
 
 @contextmanager
-def _cpu_threads(settings: ComputeSettings) -> Iterator[None]:
-    """Set torch's intra-op thread count for the run on CPU and restore it afterwards."""
+def _device_scope(settings: ComputeSettings) -> Iterator[None]:
+    """For the run: on CPU, torch's intra-op thread count (restored afterwards); on CUDA, the sampled
+    device as the current one, so CUDA events and ``synchronize`` act on the device the ops run on."""
     import torch
 
-    if settings.device != "cpu" or settings.threads is None:
+    if settings.device.startswith("cuda"):
+        with torch.cuda.device(torch.device(settings.device)):
+            yield
+        return
+    if settings.threads is None:
         yield
         return
     if settings.threads < 1:
@@ -177,10 +182,12 @@ def _measure(
         "device": settings.device,
         "warmup": settings.warmup,
     }
-    if settings.device == "cpu":
-        import torch
+    import torch
 
+    if settings.device == "cpu":
         params["threads"] = torch.get_num_threads()
+    else:  # fp32 GEMMs differ several-fold with TF32: say which was timed
+        params["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
     params.update(built.params)
     if extra_params is not None:
         params.update(extra_params(point))
