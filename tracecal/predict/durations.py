@@ -106,11 +106,11 @@ def model_rows(graph: ReplayGraph) -> tuple[np.ndarray, pl.DataFrame]:
     nodes = graph.nodes
     own = _own(graph) & nodes["node_kind"].is_in(["activity", "collective"]).to_numpy()
     idx = np.flatnonzero(own)
-    rows = nodes[idx]
+    base = nodes[idx].select("node", "rank", "event_id", "node_kind", "kind", "name", "family", "dur_ns", "role")
+    feats = graph.features.drop([c for c in graph.features.columns if c in base.columns and c != "node"])
+    rows = base.join(feats, on="node", how="left", maintain_order="left") if feats.width > 1 else base
     if "collective" not in rows.columns:
-        rows = rows.with_columns(
-            pl.when(pl.col("node_kind") == "collective").then(pl.col("name")).otherwise(None).alias("collective")
-        )
+        rows = rows.with_columns(pl.lit(None, pl.String).alias("collective"))
     return idx, rows
 
 

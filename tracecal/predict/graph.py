@@ -90,6 +90,9 @@ class ReplayGraph:
     duration_edge: np.ndarray
     origin_ns: int
     release: np.ndarray = field(repr=False)
+    features: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
+    """Per activity/collective node (``node`` column): the activity's other columns (phase, shapes,
+    dtypes ...) and, for collective instances, collective/size_bytes/group_size/nodes/gpus_per_node."""
 
     @property
     def n_points(self) -> int:
@@ -145,6 +148,8 @@ def build_graph(inputs: ReplayInputs) -> ReplayGraph:
 
     builder, role = infer_edges(nodes)
     nodes = nodes.with_columns(pl.Series("duration_role", role))
+    features = _features(inputs, nodes)
+    nodes = nodes.drop("_row")
     src, dst, lag, kind, release = builder.fitted()
     return ReplayGraph(
         nodes=nodes,
@@ -155,8 +160,42 @@ def build_graph(inputs: ReplayInputs) -> ReplayGraph:
         duration_edge=np.arange(nodes.height, dtype=np.int64),
         origin_ns=origin,
         release=release,
+        features=features,
     )
 
+
+def _features(inputs: ReplayInputs, nodes: pl.DataFrame) -> pl.DataFrame:
+    """Per activity and collective node: the columns a duration model may use (node-keyed)."""
+    keep = [c for c in inputs.activities.columns if c not in FEATURE_EXCLUDE and c not in ("rank", "event_id")]
+    acts = (
+        inputs.activities.with_row_index("_row")
+        .select("_row", *keep)
+        .join(nodes.select("node", "_row").drop_nulls("_row"), on="_row", how="inner")
+        .drop("_row")
+    )
+    comm_cols = [
+        c for c in ("size_bytes", "group_size", "nodes", "gpus_per_node", "dtype") if c in inputs.collectives.columns
+    ]
+    inst = nodes.filter(pl.col("node_kind") == "collective").select(
+        "node", "match_id", pl.col("name").alias("collective")
+    )
+    if inst.height and comm_cols:
+        first = inputs.collectives.filter(pl.col("match_id").is_not_null()).unique("match_id", keep="first")
+        inst = inst.join(first.select("match_id", *comm_cols), on="match_id", how="left")
+    inst = inst.drop("match_id").with_columns(pl.lit("comm").alias("family"))
+    return pl.concat([acts, inst], how="diagonal_relaxed").sort("node")
+
+
+_NODE_COLUMNS = (
+    "rank", "event_id", "kind", "name", "ts_ns", "dur_ns", "stream", "tid", "runtime_event_id", "family", "component",
+)  # fmt: skip
+"""Activity columns the graph itself uses; every other column is a feature for the duration models."""
+
+FEATURE_EXCLUDE = ("run_id", "ts_ns", "runtime_ts_ns", "runtime_dur_ns", "cpu_op_ts_ns", "cpu_op_dur_ns")
+"""Activity columns not worth carrying as features (times of this particular trace)."""
+
+COMM_FEATURES = ("size_bytes", "group_size", "nodes", "gpus_per_node", "dtype")
+"""Collective columns handed to the communication model with each instance."""
 
 _KEY_TYPES = {
     "rank": pl.Int64,
@@ -191,9 +230,11 @@ def _normalized(inputs: ReplayInputs) -> ReplayInputs:
 
 def _node_table(inputs: ReplayInputs, offsets: pl.DataFrame) -> pl.DataFrame:
     """All nodes of the graph with measured aligned times (absolute) and their lanes."""
-    acts = inputs.activities
+    acts = inputs.activities.with_row_index("_row")
     if "tid" not in acts.columns:
         acts = acts.with_columns(pl.col("cpu_tid").alias("tid"))
+    # only what the edges and tables need travels with the nodes; features stay in ReplayGraph.features
+    acts = acts.select([c for c in (*_NODE_COLUMNS, "_row") if c in acts.columns])
     is_gpu = pl.col("kind").is_in(GPU_KINDS)
     acts = (
         acts.join(offsets, on="rank", how="left")
