@@ -16,6 +16,7 @@ from tracecal.samplers.importers.gpumodeling25 import (
     import_gpumodeling25,
     load_gpumodeling25,
     published_errors,
+    published_sample_id,
 )
 from tracecal.samplers.importers.gpumodeling25_ops import padded_vocab_per_rank
 from tracecal.schema import SAMPLES
@@ -209,3 +210,18 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path: Path, db_path: Path)
         with pytest.raises(SampleError, match=r"p2p_fp16_2_1\.csv:2: nodes=1, GPUsPerNode=2 contradict"):
             import_gpumodeling25(con, bad, "perlmutter")
         assert con.execute("SELECT count(*) FROM samples").fetchall() == [(0,)]
+
+
+def test_ids_name_file_and_row(compute: pl.DataFrame) -> None:
+    # calibration recovers the published train/test split from these ids: row 0 is the first CSV row
+    name = f"{DEVICE}_linear1_fp16.csv"
+    first = compute.filter(pl.col("sample_id") == published_sample_id("perlmutter", "linear1", "bwd", name, 0))
+    assert first.height == 1
+    assert json.loads(first["params_json"][0]) == {
+        "mp": 1,
+        "b": 2,
+        "l": 1024,
+        "dim": 5632,
+        "F_dur(us)": 1728.8,
+        "B_dur(us)": 3552.4,
+    }

@@ -14,6 +14,9 @@ the 3rd–7th fastest of 10 profiled iterations (seed_algorithm §5.3), stored a
 ``min_ns``, ``iqr_ns`` and ``repeats`` are unknown and stay NULL. Comm samples: ``size_bytes`` per
 ``nccl_size_bytes``, ``group_size = nodes·GPUsPerNode``, and ``pooled`` tells pooled files (true) from
 per-topology ones (false): a calibration must use one or the other, or it counts rows twice.
+
+Ids are ``published_sample_id``: the file name and 0-based row index (CSV order) identify a row, so
+re-importing replaces and ``calibrate.validation`` recovers the published 80/20 split from the ids.
 """
 
 from __future__ import annotations
@@ -104,6 +107,12 @@ def discover(directory: Path) -> list[SampleFile]:
     return files
 
 
+def published_sample_id(cluster: str, op: str, direction: str, file_name: str, row: int) -> str:
+    """``sample_id`` of an imported row: row ``row`` (0-based, CSV order, header excluded) of file
+    ``file_name`` (no directory), for one direction. A stable contract: calibration relies on it."""
+    return sample_id(cluster, SOURCE, op, direction, {"file": file_name, "row": row})
+
+
 def _read_numeric(path: Path) -> pl.DataFrame:
     """The CSV with every column as Float64; a one-line SampleError if it is not such a CSV."""
     try:
@@ -181,7 +190,7 @@ def compute_rows(f: SampleFile, cluster: str) -> list[dict[str, Any]]:
             row = _base_row(f, cluster)
             row.update(features)
             row.update(
-                sample_id=sample_id(cluster, SOURCE, f.op, direction, {"file": f.path.name, "row": index}),
+                sample_id=published_sample_id(cluster, f.op, direction, f.path.name, index),
                 family=spec.family,
                 direction=direction,
                 tp=shape["mp"] if spec.tp_column else None,
@@ -223,7 +232,7 @@ def comm_rows(f: SampleFile, cluster: str) -> list[dict[str, Any]]:
         size = nccl_size_bytes(collective, elements, group)
         row = _base_row(f, cluster)
         row.update(
-            sample_id=sample_id(cluster, SOURCE, f.op, "fwd", {"file": f.path.name, "row": index}),
+            sample_id=published_sample_id(cluster, f.op, "fwd", f.path.name, index),
             family="comm",
             direction="fwd",
             dtype=DTYPES[f.precision],
