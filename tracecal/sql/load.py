@@ -10,23 +10,20 @@ every run table, the new ones inserted, and any failure rolls back so the databa
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracecal import __version__
-from tracecal.errors import RankConflictError, TracecalError, WorkerError
+from tracecal.errors import RankConflictError, TracecalError
 from tracecal.ingest.discover import (
     DiscoveredRun,
     ParallelLayout,
@@ -36,12 +33,10 @@ from tracecal.ingest.discover import (
     missing_ranks,
     world_size_of,
 )
-from tracecal.ingest.parse import parse_trace_file
+from tracecal.ingest.pool import OnError, ParserPool, Skipped
 from tracecal.ingest.trace import ParsedRank
 from tracecal.schema import RANKS, RUN_TABLES, RUNS, arrow_schema
 from tracecal.sql.decoding import DecodeSummary, decode_stored_run
-
-OnError = Literal["raise", "skip"]
 
 
 @dataclass(frozen=True)
@@ -64,14 +59,6 @@ class IngestOptions:
     cluster: str | None = None
     iteration_marker: str | None = None
     layout: ParallelLayout | None = None
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A file or run left out under ``on_error="skip"``, and why."""
-
-    path: Path
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -168,13 +155,14 @@ def ingest_runs(
             )
         discovered.append((run_id, run))
     reports = []
-    for run_id, run in discovered:
-        try:
-            reports.append(_ingest_run(con, run_id, run, options, progress))
-        except TracecalError as exc:
-            if options.on_error == "raise" or not isinstance(exc, _NothingLeft):
-                raise
-            skipped.append(Skipped(run.run_dir, str(exc)))
+    with ParserPool(options.workers) as pool:
+        for run_id, run in discovered:
+            try:
+                reports.append(_ingest_run(con, run_id, run, options, pool, progress))
+            except _NothingLeft as exc:
+                if options.on_error == "raise":
+                    raise
+                skipped.append(Skipped(run.run_dir, str(exc)))
     return IngestReport(tuple(reports), tuple(skipped), time.perf_counter() - started)
 
 
@@ -187,6 +175,7 @@ def _ingest_run(
     run_id: str,
     run: DiscoveredRun,
     options: IngestOptions,
+    pool: ParserPool,
     progress: ProgressCallback | None,
 ) -> RunReport:
     started = time.perf_counter()
@@ -204,7 +193,7 @@ def _ingest_run(
             con.execute(f"DELETE FROM {table.name} WHERE run_id = ?", [run_id])  # name from schema
 
         # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
-        for done, (trace_file, parsed) in enumerate(_parse_files(run.files, options, skipped), start=1):
+        for done, (trace_file, parsed) in enumerate(pool.parse(run.files, options.on_error, skipped), start=1):
             for rank_trace in parsed:
                 rank, rank_source = _resolve_rank(trace_file, rank_trace, len(parsed), len(run.files))
                 if rank in owners:
@@ -356,63 +345,3 @@ def _run_row(
         "ingested_at": datetime.now(timezone.utc).replace(tzinfo=None),
         "tool_version": __version__,
     }
-
-
-def _parse_files(
-    files: Sequence[TraceFile], options: IngestOptions, skipped: list[Skipped]
-) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
-    """Parsed files in completion order; failures raise, or are recorded in ``skipped`` and yielded
-    with no ranks (so progress still counts them)."""
-    if options.workers <= 1 or len(files) == 1:
-        for trace_file in files:
-            try:
-                parsed = parse_trace_file(trace_file.path)
-            except TracecalError as exc:
-                if options.on_error == "raise":
-                    raise
-                skipped.append(Skipped(trace_file.path, str(exc)))
-                parsed = []
-            yield trace_file, parsed
-        return
-    yield from _parse_in_pool(files, options, skipped)
-
-
-def _parse_in_pool(
-    files: Sequence[TraceFile], options: IngestOptions, skipped: list[Skipped]
-) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
-    # forkserver, not fork: the loader holds a DuckDB connection and its threads, which a forked
-    # child must not inherit. The server preloads the parser so each worker starts warm.
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["tracecal.ingest.kineto"])
-    workers = min(options.workers, len(files))
-    queue = iter(files)
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=context)
-    in_flight: dict[Future[list[ParsedRank]], TraceFile] = {}
-    try:
-        # At most `workers` files in flight: a finished rank waits for the loader, not in a queue.
-        for trace_file in queue:
-            in_flight[pool.submit(parse_trace_file, trace_file.path)] = trace_file
-            if len(in_flight) == workers:
-                break
-        while in_flight:
-            finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-            for future in finished:
-                trace_file = in_flight.pop(future)
-                try:
-                    parsed = future.result()
-                except BrokenProcessPool as exc:
-                    raise WorkerError(
-                        f"{trace_file.path}: a parser process died (out of memory?); retry with fewer --workers"
-                    ) from exc
-                except TracecalError as exc:
-                    if options.on_error == "raise":
-                        raise
-                    skipped.append(Skipped(trace_file.path, str(exc)))
-                    parsed = []
-                next_file = next(queue, None)
-                if next_file is not None:
-                    in_flight[pool.submit(parse_trace_file, next_file.path)] = next_file
-                yield trace_file, parsed
-                del parsed
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
