@@ -82,3 +82,28 @@ def test_bad_settings_fail_before_any_process_starts() -> None:
         spawn_local(CommSettings("x", dtype="int8"), 2)
     with pytest.raises(SampleError, match="--sizes must be positive"):
         spawn_local(CommSettings("x", sizes_bytes=(0,)), 2)
+
+
+@pytest.mark.slow
+def test_the_torchrun_entry_point_writes_rank0_samples(tmp_path: Path) -> None:
+    """`torchrun -m tracecal.samplers.comm` as the README shows it: 2 gloo ranks, rank 0 writes."""
+    import subprocess
+    import sys
+
+    from tracecal.samplers.comm import _free_port
+
+    out = tmp_path / "comm.parquet"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+           "-m", "tracecal.samplers.comm", "--cluster", "tr", "--sizes", "4K", "--collectives", "all_reduce,broadcast",
+           "--repeats", "2", "--warmup", "1", "--output", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "2 comm samples written to" in done.stderr
+    rows = pq.read_table(out).to_pylist()
+    assert sorted(r["collective"] for r in rows) == ["all_reduce", "broadcast"]
+    assert all(r["cluster"] == "tr" and r["group_size"] == 2 and r["gpus_per_node"] == 2 for r in rows)
+    bad = subprocess.run(
+        [sys.executable, "-m", "tracecal.samplers.comm", "--cluster", "x", "--sizes", "huge", "--output", str(out)],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "error: size 'HUGE' is not a byte count" in bad.stderr
