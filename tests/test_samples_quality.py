@@ -210,3 +210,32 @@ def test_perlmutter_flags_are_few_and_where_expected(perlmutter: pl.DataFrame) -
     slow = flagged.filter(pl.col("source_file").str.ends_with("_1_4.csv"))
     assert slow["quality_flag"].str.contains("slower").all()
     assert (slow["median_ns"] / slow["size_bytes"] > 4 * 0.0068).all()  # 4x the sweep's ~0.0068 ns/B
+
+
+def test_broken_flash_backward_like_gh200() -> None:
+    # GH200 flash_atten: backward/forward median 0.107 on 96.8 % of rows (A100: 3.1)
+    rng = np.random.default_rng(5)
+    seqs = [int(s) for s in rng.integers(512, 8192, 200)]
+    fwd = [1e-3 * s * s for s in seqs]
+    broken = set(rng.choice(200, 194, replace=False).tolist())
+    bwd = [f * (0.107 if i in broken else 3.1) for i, f in enumerate(fwd)]
+    rows = [
+        {
+            "family": "attention",
+            "op": "flash",
+            "direction": d,
+            "seq_q": s,
+            "seq_k": s,
+            "heads": 8,
+            "head_dim": 64,
+            "batch": 4,
+            "flops": 4.0 * 4 * 8 * s * s * 64,
+            "median_ns": v,
+            "source_file": f"row{i}",
+        }
+        for d, durs in (("fwd", fwd), ("bwd", bwd))
+        for i, (s, v) in enumerate(zip(seqs, durs, strict=True))
+    ]
+    reasons = _reasons(flag_samples(_frame(rows)))
+    assert {i - 200 for i, r in enumerate(reasons) if r == "bwd_faster_than_fwd"} == broken
+    assert all(r is None for r in reasons[:200])
