@@ -97,7 +97,8 @@ def pair_unmatched_p2p(collectives: pl.DataFrame) -> tuple[pl.DataFrame, int]:
         .otherwise(ranks[0] + ranks[1] - pl.col("rank"))
         .alias("_sender"),
     )
-    base = int(collectives["match_id"].max() or 0) + 1  # type: ignore[operator]
+    top = collectives["match_id"].max()
+    base = (int(top) if isinstance(top, int) else 0) + 1
     keys = (
         loose.group_by("_sender", "_k")
         .agg(pl.len().alias("_n"), pl.col("name").n_unique().alias("_names"), pl.col("ts_ns").min().alias("_t"))
