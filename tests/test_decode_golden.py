@@ -211,7 +211,7 @@ def test_collectives_sizes_matching_alignment_and_best_iteration() -> None:
 
 
 def test_matching_needs_agreeing_names_and_pairs_send_recv() -> None:
-    base = {"rank": 0, "group_key": "g", "coll_seq": None, "peer": None, "ts_ns": 0}
+    base = {"rank": 0, "group_key": "g", "coll_seq": None, "peer": None, "ts_ns": 0, "size_bytes": 64}
     rows = [
         {**base, "name": "all_reduce", "seq_in_group": 0},
         {**base, "rank": 1, "name": "all_gather", "seq_in_group": 0},  # disagrees: not matched
@@ -219,11 +219,17 @@ def test_matching_needs_agreeing_names_and_pairs_send_recv() -> None:
         {**base, "rank": 1, "name": "recv", "peer": 0, "seq_in_group": 1, "ts_ns": 12},
         {**base, "name": "send", "peer": 1, "seq_in_group": 2, "ts_ns": 20},
         {**base, "rank": 1, "name": "recv", "peer": 0, "seq_in_group": 2, "ts_ns": 22},
+        {**base, "name": "all_reduce", "seq_in_group": 3},
+        {**base, "rank": 1, "name": "all_reduce", "seq_in_group": 3, "size_bytes": 128},  # sizes disagree
+        {**base, "name": "all_to_all", "seq_in_group": 4},
+        {**base, "rank": 1, "name": "all_to_all", "seq_in_group": 4, "size_bytes": 128},  # uneven splits: fine
     ]
     out = match_collectives(pl.DataFrame(rows, schema_overrides={"peer": pl.Int32, "coll_seq": pl.Int64}))
     ids = out["match_id"].to_list()
     assert ids[0] is None and ids[1] is None
     assert ids[2] == ids[3] and ids[4] == ids[5] and ids[2] != ids[4]
+    assert ids[6] is None and ids[7] is None
+    assert ids[8] is not None and ids[8] == ids[9]
 
 
 def test_cpu_only_rank_leaf_operators_and_gloo_collectives() -> None:

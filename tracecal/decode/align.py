@@ -58,9 +58,16 @@ def match_collectives(collectives: pl.DataFrame) -> pl.DataFrame:
             # a send and its recv are one instance: compare names with p2p folded together
             pl.col("name").replace({"send": "p2p", "recv": "p2p"}).n_unique().alias("_names"),
             pl.col("ts_ns").min().alias("_first"),
+            pl.col("size_bytes").n_unique().alias("_sizes"),
+            pl.col("name").first().alias("_name"),
         )
     )
-    good = groups.filter((pl.col("_ranks") >= 2) & (pl.col("_rows") == pl.col("_ranks")) & (pl.col("_names") == 1))
+    # members must agree on the collective and, except all-to-all (uneven splits), on its size:
+    # order matching in a capture that lost events (sampled traces) must not pair different instances
+    sizes_ok = (pl.col("_sizes") == 1) | (pl.col("_name") == "all_to_all")
+    good = groups.filter(
+        (pl.col("_ranks") >= 2) & (pl.col("_rows") == pl.col("_ranks")) & (pl.col("_names") == 1) & sizes_ok
+    )
     good = good.sort("_first", "_key").with_row_index("match_id").select(pl.col("match_id").cast(pl.Int64), "_key")
     out = c.join(good, on="_key", how="left").sort("_row")
     return out.drop(
