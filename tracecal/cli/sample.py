@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -87,6 +87,7 @@ def compute(
                     bar.update(task, completed=done, total=total, description=label)
 
                 report = sample_compute(con, points, run, progress=progress, extra_params=extra)
+            flags = _reflag(con, cluster) if report.written else {}
         stdout.print(
             f"{cluster}: {report.planned} points, {report.already_stored} already stored, "
             f"{report.written} written, {len(report.skipped)} skipped in {report.seconds:.1f} s "
@@ -94,6 +95,7 @@ def compute(
         )
         if report.skipped:
             render_rows("skipped points", ["reason", "points"], sorted(report.skipped_reasons().items()))
+        _print_flags(cluster, flags)
 
 
 @app.command("comm")
@@ -147,7 +149,22 @@ def comm(
             table = sampler.spawn_local(run, world_size, stored)
         with open_database(settings.db_path) as con:
             written = write_samples(con, table, origin="comm sampler")
+            flags = _reflag(con, cluster) if written else {}
         stdout.print(
             f"{cluster}: {written} comm samples written ({world_size} gloo ranks on this host, "
             f"{len(run.collectives)} collectives × {len(run.sizes_bytes)} sizes; database {settings.db_path})"
         )
+        _print_flags(cluster, flags)
+
+
+def _reflag(con: Any, cluster: str) -> dict[str, int]:
+    """Judge the new samples together with the cluster's others (quality flags, SPEC §6.3)."""
+    from tracecal.samplers.quality import reflag_cluster
+
+    return reflag_cluster(con, cluster)
+
+
+def _print_flags(cluster: str, flags: dict[str, int]) -> None:
+    if flags:
+        text = ", ".join(f"{n} {reason}" for reason, n in sorted(flags.items()))
+        warn(f"{cluster}: quality flags on the cluster's samples: {text} (see `tracecal samples list`)")
