@@ -43,7 +43,7 @@ def demo(
     tp: Annotated[int, typer.Option(help="Tensor-parallel ranks per stage.")] = 1,
     dp: Annotated[int, typer.Option(help="Data-parallel replicas.")] = 1,
     steps: Annotated[int, typer.Option(help="Training steps (the profiler records the last steps-2).")] = 6,
-    repeats: Annotated[int, typer.Option(help="Timed repeats per sampled shape.")] = 10,
+    repeats: Annotated[int, typer.Option(help="Timed repeats per sampled shape.")] = 6,
 ) -> None:
     """Run the whole loop on this machine: train the reference GPT (PP2 by default) with local gloo
     ranks under torch.profiler, ingest the traces, sample the traced shapes on this CPU, calibrate a
@@ -98,26 +98,55 @@ def _ingest(db: Path, run_dir: Path, run_id: str, timings: dict[str, float]) -> 
     )
 
 
+NEIGHBOURHOOD_SMALL = (0.5, 0.75, 1.0, 1.5, 2.0)
+"""Factors of the full-factorial neighbourhood of a traced shape with at most two dimensions."""
+NEIGHBOURHOOD_LARGE = (0.5, 1.0, 2.0)
+"""Factors of the full-factorial neighbourhood of a traced shape with three or more dimensions."""
+
+
+def neighbourhood(points: list[Any]) -> list[Any]:
+    """Each traced shape plus a full-factorial neighbourhood of its integer dimensions (pure).
+
+    Calibration fits one regressor per op and direction and wants at least 20 samples each; a small
+    run traces only a few shapes per op, so the demo times the traced shapes and their neighbours
+    (every dimension scaled by ``NEIGHBOURHOOD_*``), which also lets the models interpolate."""
+    import itertools
+    from dataclasses import replace
+
+    out: dict[Any, None] = {}
+    for p in points:
+        out[p] = None
+        names = [k for k, v in p.dims if isinstance(v, int) and not isinstance(v, bool) and v > 1]
+        factors = NEIGHBOURHOOD_SMALL if len(names) <= 2 else NEIGHBOURHOOD_LARGE
+        for combo in itertools.product(factors, repeat=len(names)):
+            scaled = dict(zip(names, combo, strict=True))
+            dims = tuple((k, max(1, round(v * scaled[k])) if k in scaled else v) for k, v in p.dims)
+            out[replace(p, dims=dims)] = None
+    return list(out)
+
+
 def _sample(db: Path, run_id: str, repeats: int, timings: dict[str, float]) -> None:
     from tracecal.samplers.compute import ComputeSettings, sample_compute
     from tracecal.samplers.from_run import run_points
     from tracecal.sql.connection import open_database
 
-    with _stage(3, "sample", "time the traced operator shapes on this CPU (--from-run)", timings):
+    with _stage(3, "sample", "time the traced operator shapes and their neighbours on this CPU", timings):
         with open_database(db) as con:
             plan = run_points(con, run_id, None)
-            settings = ComputeSettings(cluster=CLUSTER, repeats=repeats, source_file=f"run:{run_id}")
+            points = neighbourhood(plan.points)
+            settings = ComputeSettings(cluster=CLUSTER, warmup=2, repeats=repeats, source_file=f"run:{run_id}")
             with progress_bar() as bar:
                 task = bar.add_task("sampling", total=None)
 
                 def progress(done: int, total: int, label: str) -> None:
                     bar.update(task, completed=done, total=total, description=label)
 
-                report = sample_compute(con, plan.points, settings, progress=progress, extra_params=plan.params_for)
+                report = sample_compute(con, points, settings, progress=progress, extra_params=plan.params_for)
         unmapped = sum(plan.unmapped.values())
         stdout.print(
-            f"      {report.written} samples written ({len(plan.points)} points, {len(report.skipped)} skipped); "
-            f"{unmapped} distinct traced calls have no sampler and keep their measured time"
+            f"      {len(plan.points)} traced shapes + neighbours = {len(points)} points: {report.written} samples "
+            f"written, {len(report.skipped)} skipped; {unmapped} distinct traced calls have no sampler and keep "
+            "their measured time"
         )
 
 
