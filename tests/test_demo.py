@@ -8,11 +8,23 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tracecal.cli.demo import neighbourhood
 from tracecal.cli.main import app
+from tracecal.samplers.grid import GridPoint
 
-pytestmark = pytest.mark.slow
+
+def test_neighbourhood_is_factorial_and_deduplicated() -> None:
+    mm = GridPoint("gemm", "aten::mm", "fwd", "float32", (("m", 256), ("n", 1024), ("k", 256)))
+    gelu = GridPoint("elementwise", "aten::gelu", "fwd", "float32", (("tokens", 256), ("hidden", 1024)))
+    pts = neighbourhood([mm, mm, gelu])
+    assert pts[0] == mm  # the traced shape itself comes first
+    assert sum(p.op == "aten::mm" for p in pts) == 27  # 3 dims x {0.5, 1, 2}
+    assert sum(p.op == "aten::gelu" for p in pts) == 25  # 2 dims x {0.5, 0.75, 1, 1.5, 2}
+    assert GridPoint("gemm", "aten::mm", "fwd", "float32", (("m", 128), ("n", 2048), ("k", 512))) in pts
+    assert len(set(pts)) == len(pts)
 
 
+@pytest.mark.slow
 def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
     started = time.perf_counter()
     result = CliRunner().invoke(app, ["demo", "--dir", str(tmp_path)])
