@@ -11,7 +11,8 @@ Cases, each timed ``--repeat`` times (best run reported):
 - the same two readers on a replica whose activity tables hold ``--copies`` copies of the rows
   (times shifted by the capture window), to see throughput beyond start-up costs.
 
-Prints wall and CPU seconds, rows/s and MB/s of the input file (wall time), and each case's wall time
+Also prints the peak resident memory of a fresh process parsing each uncompressed file. Prints wall
+and CPU seconds, rows/s and MB/s of the input file (wall time), and each case's wall time
 relative to tracecal on the same file. On a shared machine compare the CPU seconds too.
 """
 
@@ -19,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import os
 import shutil
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -92,6 +95,18 @@ def best_of(fn: Callable[[Path], int], path: Path, repeat: int) -> tuple[int, fl
     return rows, min(walls), min(cpus)
 
 
+def peak_rss_mb(path: Path) -> float:
+    """Peak resident memory of a fresh process that parses ``path`` (imports included), MB."""
+    code = "import sys; from pathlib import Path; from tracecal.ingest.nsys import parse_nsys_file; " \
+           "parse_nsys_file(Path(sys.argv[1]))"  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", code, str(path)])
+    _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
+    child.returncode = os.waitstatus_to_exitcode(status)
+    if child.returncode != 0:
+        raise RuntimeError(f"parsing {path} failed in the child process")
+    return usage.ru_maxrss / 1024  # Linux reports KiB
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--export", type=Path, default=SHARED, help="an .sqlite.gz Nsight export")
@@ -127,6 +142,9 @@ def main() -> int:
             ratio = f"{secs / reference[key]:.2f}" if key in reference else "-"
             print(f"{label:<12} {path.name:<26} {mb:>6.2f} {rows:>7} {secs:>7.3f} {cpu:>6.2f} {rows / secs:>8.0f} "
                   f"{mb / secs:>5.1f} {ratio:>10}")  # fmt: skip
+        base = peak_rss_mb(plain)
+        print(f"peak RSS parsing {plain.name} ({plain.stat().st_size / 1e6:.1f} MB): {base:.0f} MB; "
+              f"{big.name} ({big.stat().st_size / 1e6:.1f} MB): {peak_rss_mb(big):.0f} MB")  # fmt: skip
     return 0
 
 
