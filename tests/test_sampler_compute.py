@@ -129,3 +129,15 @@ def test_the_same_point_on_another_cluster_is_another_sample(db_path: Path) -> N
         other = ComputeSettings(cluster="other", warmup=0, repeats=1)
         assert sample_compute(con, point, other).written == 1
         assert con.execute("SELECT iqr_ns FROM samples WHERE cluster = 'other'").fetchall() == [(None,)]
+
+
+def test_inference_forward_samples_are_distinct_from_training_ones(db_path: Path) -> None:
+    point = _gemm_points()[:1]
+    assert point[0].direction == "fwd"
+    with open_database(db_path) as con:
+        sample_compute(con, point, FAST)
+        inference = ComputeSettings(cluster="ci-cpu", warmup=1, repeats=3, autograd=False)
+        assert sample_compute(con, point, inference).written == 1  # not "already stored"
+        flags = sorted(r[0] for r in con.execute("SELECT params_json FROM samples").fetchall())
+    assert ['"autograd":false' in f for f in flags].count(True) == 1
+    assert ['"autograd":true' in f for f in flags].count(True) == 1

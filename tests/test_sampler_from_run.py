@@ -50,6 +50,7 @@ def test_traced_calls_map_to_points_with_their_shapes_and_reasons_for_the_rest(d
     with open_database(db_path) as con:
         _tiny_run(con)
         plan = run_points(con, "tiny", ["float32", "float16"])
+    assert plan.training  # the run has a backward phase
     got = {(p.op, p.direction, p.dtype, p.dims) for p in plan.points}
     mm = (("m", 8), ("n", 32), ("k", 16))
     assert got == {
@@ -119,8 +120,8 @@ def test_from_run_samples_the_gemm_shapes_of_an_ingested_shared_trace(db_path: P
     with open_database(db_path) as con:
         ingest_runs(con, [trace], IngestOptions(run_id="bert", workers=1))
         plan = run_points(con, "bert")
-        assert all(p.direction == "fwd" for p in plan.points)  # inference: no backward phase
-        settings = ComputeSettings(cluster="local", warmup=0, repeats=2, source_file="run:bert")
+        assert all(p.direction == "fwd" for p in plan.points) and not plan.training  # inference
+        settings = ComputeSettings(cluster="local", warmup=0, repeats=2, source_file="run:bert", autograd=plan.training)
         report = sample_compute(con, plan.points, settings, extra_params=plan.params_for)
         assert report.written == len(plan.points) and not report.skipped
         traced = con.execute(
@@ -130,6 +131,8 @@ def test_from_run_samples_the_gemm_shapes_of_an_ingested_shared_trace(db_path: P
             "SELECT DISTINCT batch, m, n, k, dtype FROM samples WHERE family = 'gemm' AND cluster = 'local'"
         ).fetchall()
         assert len(traced) == 4 and sorted(sampled) == sorted(traced)
+        params = [r[0] for r in con.execute("SELECT params_json FROM samples").fetchall()]
+        assert all('"autograd":false' in p and '"from_run":"bert"' in p for p in params)
         joined = con.execute(
             "SELECT count(*) FROM operators o JOIN samples s USING (family, batch, m, n, k, dtype) "
             "WHERE o.run_id = 'bert' AND o.family = 'gemm'"

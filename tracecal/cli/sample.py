@@ -43,6 +43,9 @@ def compute(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="CPU: torch threads while sampling (default 1).")
     ] = None,
+    inference: Annotated[
+        bool, typer.Option("--inference", help="Forward calls without autograd (default: as in training).")
+    ] = False,
     db: DbOption = None,
 ) -> None:
     """Time compute operators over a grid or the shapes of a run, forward and backward, and store the
@@ -57,10 +60,11 @@ def compute(
             raise SampleError("give exactly one of --config GRID or --from-run RUN")
         settings = Settings.resolve(db)
         with open_database(settings.db_path) as con:
-            extra = None
+            extra, autograd = None, not inference
             if from_run is not None:
                 plan = run_points(con, from_run, dtype)
                 points, source, extra = plan.points, f"run:{from_run}", plan.params_for
+                autograd = plan.training  # an inference trace's calls ran without autograd
                 for (op, reason), count in sorted(plan.unmapped.items()):
                     warn(f"{from_run}: {count} distinct {op} call(s) not sampled: {reason}")
             else:
@@ -79,6 +83,7 @@ def compute(
                 repeats=defaults.repeats if repeats is None else repeats,
                 source_file=source,
                 threads=threads if threads is not None else defaults.threads,
+                autograd=autograd,
             )
             with progress_bar() as bar:
                 task = bar.add_task("sampling", total=None)

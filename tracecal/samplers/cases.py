@@ -352,11 +352,13 @@ def shape_columns(point: GridPoint) -> dict[str, Any]:
     return cols
 
 
-def build(point: GridPoint, device: str) -> Built:
+def build(point: GridPoint, device: str, autograd: bool = True) -> Built:
     """Allocate the point's tensors on ``device`` and return what to time.
 
-    For ``bwd`` the forward runs once here and ``run`` computes the gradients of its output with the
-    graph retained, so each repeat times the backward alone.
+    ``fwd``: with ``autograd`` the call records its backward graph as in training (a traced training
+    op's duration includes that); without, it runs under ``no_grad`` as in inference. ``bwd``: the
+    forward runs once here and ``run`` computes the gradients of its output with the graph retained,
+    so each repeat times the backward alone.
 
     Raises:
         SampleError: unknown op, bad dimensions, or ``bwd`` asked of an op without a backward.
@@ -372,6 +374,8 @@ def build(point: GridPoint, device: str) -> Built:
     if spec.family == "attention":
         fwd, params["backend"] = _attention_backend(fwd, device, point.dtype)
     if point.direction == "fwd":
+        if autograd:
+            return Built(fwd, params)  # the output, and with it the graph, is dropped after each call
         no_grad = torch.no_grad
 
         def run_fwd() -> Any:

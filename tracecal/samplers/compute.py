@@ -48,6 +48,9 @@ class ComputeSettings:
     """CPU only: torch intra-op threads while sampling (None = torch's default). One by default: on a
     shared or loaded machine, multi-threaded kernels wait for descheduled workers and a 10 µs softmax
     measures 16 ms; set it to the thread count of the workload the samples should model."""
+    autograd: bool = True
+    """Forward samples record the autograd graph, as training forward calls do; False times them
+    under ``no_grad`` (inference), recorded in the sample id and ``params_json``."""
     flush_every_s: float = 10.0
     """Write finished samples at least this often, so an interruption loses at most this much work."""
 
@@ -70,12 +73,14 @@ class ComputeReport:
         return counts
 
 
-def point_sample_id(point: GridPoint, cluster: str, device_name: str) -> str:
+def point_sample_id(point: GridPoint, cluster: str, device_name: str, autograd: bool = True) -> str:
     """The ``sample_id`` a point gets: cluster, source, op, direction, its shape columns, its grid
     dimensions (some, like the optimizer's tensor count, are not shape columns) and the device."""
     features = dict(cases.shape_columns(point))
     features.update({f"dim.{k}": v for k, v in cases.resolved_dims(point).items()})
     features["device_name"] = device_name
+    if not autograd and point.direction == "fwd":
+        features["inference"] = True  # only when set, so training-mode ids stay as they were
     return sample_id(cluster, SOURCE, point.op, point.direction, features)
 
 
@@ -97,7 +102,8 @@ def sample_compute(
     """
     started = time.perf_counter()
     env = sampler_env(settings.device)
-    ids = [point_sample_id(p, settings.cluster, env.device_name) for p in points]  # validates every point
+    # computing the ids validates every point before anything runs
+    ids = [point_sample_id(p, settings.cluster, env.device_name, settings.autograd) for p in points]
     for p in points:
         if p.direction == "bwd" and not cases.spec_for(p).has_backward:
             raise SampleError(f"{p.op} has no backward to sample; list it with directions: [fwd]")
@@ -168,7 +174,7 @@ def _measure(
 ) -> dict[str, Any] | str:
     """One sample row, or the reason torch could not run the point here."""
     try:
-        built = cases.build(point, settings.device)
+        built = cases.build(point, settings.device, settings.autograd)
         durations = time_call(built.run, settings.device, settings.warmup, settings.repeats)
     except (RuntimeError, NotImplementedError) as exc:  # dtype/op unsupported here, or out of memory
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
@@ -181,6 +187,7 @@ def _measure(
         "concrete_inputs": concrete,
         "device": settings.device,
         "warmup": settings.warmup,
+        "autograd": settings.autograd or point.direction == "bwd",
     }
     import torch
 

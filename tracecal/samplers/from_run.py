@@ -54,6 +54,8 @@ class RunPlan:
     """Per point: the traced op, phases and operator count it stands for (goes to params_json)."""
     unmapped: dict[tuple[str, str], int] = field(default_factory=dict)
     """(cpu op, reason) -> distinct call signatures not sampled."""
+    training: bool = False
+    """The run has a backward phase: its forward calls recorded autograd graphs (sample them so)."""
 
     def params_for(self, point: GridPoint) -> dict[str, Any]:
         return {"from_run": self.run_id, **self.traced.get(point, {})}
@@ -173,7 +175,7 @@ def run_points(con: duckdb.DuckDBPyConnection, run_id: str, dtypes: list[str] | 
     if not rows:
         raise SampleError(f"run {run_id!r} has no compute operators (gemm, attention, ...) to sample")
     has_bwd = any(r["phase"] == "bwd" for r in rows)
-    plan = RunPlan(run_id)
+    plan = RunPlan(run_id, training=has_bwd)
     for r in rows:
         dims = orjson.loads(r["input_dims"]) if r["input_dims"] else []
         types = orjson.loads(r["input_types"]) if r["input_types"] else []
