@@ -41,12 +41,30 @@ LAYOUTS = {
 }
 
 
+CLI_OUTPUT: dict[str, str] = {}
+
+
+def _cli_args(cfg: WorkloadConfig, out: Path) -> list[str]:
+    return ["workload", "run", "--pp", str(cfg.pp), "--tp", str(cfg.tp), "--dp", str(cfg.dp),
+            "--layers", str(cfg.layers), "--hidden", str(cfg.hidden), "--heads", str(cfg.heads),
+            "--seq", str(cfg.seq), "--vocab", str(cfg.vocab), "--micro-batches", str(cfg.micro_batches),
+            "--micro-batch-size", str(cfg.micro_batch_size), "--steps", str(cfg.steps),
+            "--timeout-s", str(cfg.timeout_s), "--out", str(out)]  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The runs of LAYOUTS; the single-rank one goes through `tracecal workload run` (one launch fewer)."""
     root = tmp_path_factory.mktemp("workload")
     out = {}
     for name, cfg in LAYOUTS.items():
-        out[name] = run_local(cfg, root / f"gpt_tiny_{name}").out_dir
+        if name == "ref":
+            result = CliRunner().invoke(app, _cli_args(cfg, root / f"gpt_tiny_{name}"))
+            assert result.exit_code == 0, result.output
+            CLI_OUTPUT[name] = result.output
+            out[name] = root / f"gpt_tiny_{name}"
+        else:
+            out[name] = run_local(cfg, root / f"gpt_tiny_{name}").out_dir
     return out
 
 
@@ -201,17 +219,14 @@ def test_a_failing_rank_is_named_and_nothing_is_left_behind(tmp_path: Path, monk
     assert list(tmp_path.iterdir()) == []  # no run directory, no staging directory
 
 
-def test_cli_runs_the_workload(tmp_path: Path) -> None:
-    out = tmp_path / "gpt_tiny_1_1_1"
-    args = ["workload", "run", "--pp", "1", "--layers", "1", "--hidden", "32", "--heads", "2", "--seq", "16",
-            "--vocab", "64", "--micro-batches", "2", "--steps", "3", "--out", str(out)]  # fmt: skip
-    result = CliRunner().invoke(app, args)
-    assert result.exit_code == 0, result.output
-    assert "gpt_tiny_1_1_1" in result.output
-    assert (out / "rank0.pt.trace.json.gz").is_file()
-    assert json.loads((out / "run.json").read_text())["profile"]["profiled_steps"] == [2]
-    again = CliRunner().invoke(app, args)
+def test_cli_runs_the_workload_and_keeps_an_existing_run(runs: dict[str, Path]) -> None:
+    out = runs["ref"]
+    assert str(out) in CLI_OUTPUT["ref"]
+    assert "1 ranks (pp=1 tp=1 dp=1, gloo on cpu), 2 profiled steps (ProfilerStep#2..#3)" in CLI_OUTPUT["ref"]
+    before = (out / "run.json").read_text()
+    again = CliRunner().invoke(app, _cli_args(LAYOUTS["ref"], out))
     assert again.exit_code == 2 and "already holds a run" in again.output
+    assert (out / "run.json").read_text() == before
 
 
 def test_ingest_decodes_matched_collectives_and_the_iterations(runs: dict[str, Path], db_path: Path) -> None:
