@@ -86,10 +86,10 @@ def test_points_torch_cannot_run_are_skipped_with_its_reason(db_path: Path, monk
     points = _gemm_points()[:2]
     real_build = cases.build
 
-    def build(point: GridPoint, device: str) -> cases.Built:
+    def build(point: GridPoint, device: str, autograd: bool = True) -> cases.Built:
         if point == points[0]:
             raise RuntimeError("\"addmm_impl_cpu_\" not implemented for 'Half'\nmore detail")
-        return real_build(point, device)
+        return real_build(point, device, autograd)
 
     monkeypatch.setattr(cases, "build", build)
     with open_database(db_path) as con:
