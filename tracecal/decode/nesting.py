@@ -22,11 +22,15 @@ from collections.abc import Sequence
 
 import polars as pl
 
-_END, _START, _ZERO_END, _QUERY = 0, 1, 2, 3
+_END, _START, _ZERO, _QUERY = 0, 1, 2, 3
 
 
 def _boundaries(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequence[str]) -> pl.LazyFrame:
-    """Sorted boundary/query rows with the running depth per lane (lazy: callers collect once)."""
+    """Sorted boundary/query rows with the running depth per lane (lazy: callers collect once).
+
+    A zero-length interval is one row (``_ZERO``, no depth change): it sits inside whatever is open
+    at its time and contains nothing, which is what half-open containment says.
+    """
     lane = list(lane)
     iv = intervals.lazy().select([*lane, "id", pl.col("ts_ns"), pl.col("end_ns")])
     zero = pl.col("end_ns") <= pl.col("ts_ns")
@@ -34,16 +38,16 @@ def _boundaries(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequ
         *lane,
         pl.col("id"),
         pl.col("ts_ns").alias("t"),
-        pl.lit(_START, dtype=pl.Int8).alias("order"),
+        pl.when(zero).then(pl.lit(_ZERO)).otherwise(pl.lit(_START)).cast(pl.Int8).alias("order"),
         (pl.col("ts_ns") - pl.col("end_ns")).alias("neg_dur"),  # outermost first among equal starts
-        pl.lit(1, dtype=pl.Int32).alias("delta"),
+        pl.when(zero).then(pl.lit(0)).otherwise(pl.lit(1)).cast(pl.Int32).alias("delta"),
         pl.lit(None, dtype=pl.Int64).alias("qid"),
     )
-    ends = iv.select(
+    ends = iv.filter(~zero).select(
         *lane,
         pl.col("id"),
-        pl.when(zero).then(pl.col("ts_ns")).otherwise(pl.col("end_ns")).alias("t"),
-        pl.when(zero).then(pl.lit(_ZERO_END)).otherwise(pl.lit(_END)).cast(pl.Int8).alias("order"),
+        pl.col("end_ns").alias("t"),
+        pl.lit(_END, dtype=pl.Int8).alias("order"),
         pl.lit(0, dtype=pl.Int64).alias("neg_dur"),
         pl.lit(-1, dtype=pl.Int32).alias("delta"),
         pl.lit(None, dtype=pl.Int64).alias("qid"),
@@ -78,8 +82,8 @@ def enclosing(
     """For each point, the innermost (or outermost) interval of the same lane that contains it.
 
     Args:
-        intervals: columns ``*lane``, ``id`` (any integer id), ``ts_ns``, ``end_ns``; intervals of
-            one lane are expected to nest (partial overlaps give NULL, never a wrong answer).
+        intervals: columns ``*lane``, ``id`` (an integer id, unique within its lane), ``ts_ns``,
+            ``end_ns``; intervals of one lane are expected to nest (partial overlaps give NULL, never a wrong answer).
         points: columns ``*lane``, ``qid`` (int64 query id, unique), ``t`` (int64 ns).
         lane: columns that identify a thread (e.g. ``("pid", "tid")``); nesting is per lane.
         outermost: return the depth-1 enclosing interval instead of the innermost one.
@@ -100,8 +104,8 @@ def enclosing(
     queries = queries.with_columns((pl.lit(1, dtype=pl.Int32) if outermost else pl.col("depth")).alias("level"))
     hit = queries.join_asof(starts, on="pos", by=[*lane, "level"], strategy="backward", check_sortedness=False)
     # verify containment: a partial overlap upstream can make the depth bookkeeping lie
-    bounds = intervals.select(pl.col("id"), pl.col("ts_ns").alias("_ts"), pl.col("end_ns").alias("_end"))
-    hit = hit.join(bounds.lazy(), on="id", how="left")
+    bounds = intervals.select(*lane, pl.col("id"), pl.col("ts_ns").alias("_ts"), pl.col("end_ns").alias("_end"))
+    hit = hit.join(bounds.lazy(), on=[*lane, "id"], how="left")
     ok = (pl.col("depth") > 0) & (pl.col("_ts") <= pl.col("t")) & (pl.col("t") < pl.col("_end"))
     return hit.select("qid", pl.when(ok).then(pl.col("id")).alias("id"), "depth").collect()
 
@@ -146,15 +150,22 @@ def parents(intervals: pl.DataFrame, *, lane: Sequence[str] = ("tid",)) -> pl.Da
     rows = _boundaries(intervals, None, lane)
     starts = rows.filter(pl.col("order") == _START).select(*lane, "pos", "id", "depth")
     right = starts.select(*lane, "pos", pl.col("depth").alias("level"), pl.col("id").alias("parent_id"))
-    left = starts.with_columns((pl.col("depth") - 1).alias("level"))
+    zeros = rows.filter(pl.col("order") == _ZERO).select(*lane, "pos", "id", (pl.col("depth") + 1).alias("depth"))
+    left = pl.concat([starts, zeros]).with_columns((pl.col("depth") - 1).alias("level")).sort("pos")
     hit = left.join_asof(
         right, on="pos", by=[*lane, "level"], strategy="backward", allow_exact_matches=False, check_sortedness=False
     )
-    b = intervals.lazy().select("id", "ts_ns", "end_ns")
-    hit = hit.join(b, on="id", how="left").join(
-        b.select(pl.col("id").alias("parent_id"), pl.col("ts_ns").alias("_pts"), pl.col("end_ns").alias("_pend")),
-        on="parent_id",
+    b = intervals.lazy().select(*lane, "id", "ts_ns", "end_ns")
+    hit = hit.join(b, on=[*lane, "id"], how="left").join(
+        b.select(
+            *lane, pl.col("id").alias("parent_id"), pl.col("ts_ns").alias("_pts"), pl.col("end_ns").alias("_pend")
+        ),
+        on=[*lane, "parent_id"],
         how="left",
     )
-    ok = (pl.col("_pts") <= pl.col("ts_ns")) & (pl.col("end_ns") <= pl.col("_pend"))
+    ok = (
+        (pl.col("_pts") <= pl.col("ts_ns"))
+        & (pl.col("end_ns") <= pl.col("_pend"))
+        & (pl.col("ts_ns") < pl.col("_pend"))
+    )
     return hit.select("id", pl.when(ok).then(pl.col("parent_id")).alias("parent_id"), "depth").collect()
