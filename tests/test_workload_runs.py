@@ -261,3 +261,27 @@ def test_ingest_decodes_matched_collectives_and_the_iterations(runs: dict[str, P
             (pp2, ("recv", "send"), (0, 1)),
             (tp2, ("all_reduce", "all_reduce"), (0, 1)),
         }
+
+
+def test_a_taken_rendezvous_port_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    from tracecal.samplers.workload import launch
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        real = launch.free_port
+        # without a retry the taken port is fatal (and the error says why) ...
+        monkeypatch.setattr(launch, "PORT_ATTEMPTS", 1)
+        monkeypatch.setattr(launch, "free_port", lambda: busy.getsockname()[1])
+        with pytest.raises(WorkloadError, match="workload rank 0 failed"):
+            run_local(replace(TINY, pp=1, layers=1, steps=3), tmp_path / "r")
+        assert list(tmp_path.iterdir()) == []
+        # ... with it, the launcher moves on to another port
+        monkeypatch.setattr(launch, "PORT_ATTEMPTS", 3)
+        ports = iter([busy.getsockname()[1]])
+        monkeypatch.setattr(launch, "free_port", lambda: next(ports, None) or real())
+        run = run_local(replace(TINY, pp=1, layers=1, steps=3), tmp_path / "r")
+    assert (run.out_dir / "rank0.pt.trace.json.gz").is_file()
+    assert next(ports, "used") == "used"  # the busy port was handed out first

@@ -30,6 +30,9 @@ from tracecal.samplers.workload.config import WorkloadConfig
 ERROR_MARK = "tracecal-workload-error: "
 """Prefix of the one line a failing rank prints on stderr: ``<prefix><unix time> <Type>: <message>``."""
 
+PORT_ATTEMPTS = 3
+"""Launches tried when the rendezvous port turns out to be taken."""
+
 GRACE_SECONDS = 5.0
 """How long the other ranks get to finish after one failed, before they are terminated."""
 
@@ -74,6 +77,10 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _port_taken(message: str) -> bool:
+    return "EADDRINUSE" in message or "address already in use" in message.lower()
 
 
 def _check_out(out: Path, force: bool) -> None:
@@ -130,8 +137,21 @@ def run_local(cfg: WorkloadConfig, out: Path, *, force: bool = False, timeout_s:
     limit = cfg.timeout_s if timeout_s is None else timeout_s
     started = time.perf_counter()
     try:
-        with tempfile.TemporaryDirectory(prefix="tracecal-workload-logs-") as logs:
-            _spawn_and_wait(cfg, staging, Path(logs), limit)
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                with tempfile.TemporaryDirectory(prefix="tracecal-workload-logs-") as logs:
+                    _spawn_and_wait(cfg, staging, Path(logs), limit)
+                break
+            except WorkloadError as exc:
+                # free_port() can lose a race with another process binding the same port before rank 0's
+                # store does; that is worth another port, anything else is not.
+                if attempt + 1 == PORT_ATTEMPTS or not _port_taken(str(exc)):
+                    raise
+                for p in staging.iterdir():
+                    if p.is_dir():
+                        shutil.rmtree(p)
+                    else:
+                        p.unlink()
         _publish(staging, out, force)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
