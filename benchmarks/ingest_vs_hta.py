@@ -93,11 +93,14 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
 
     with tempfile.TemporaryDirectory() as tmp, _Usage() as usage:
         started = time.perf_counter()
-        marks: list[float] = []  # CPU seconds after opening the database, and after each stored file
+        marks: list[tuple[float, int]] = []  # (CPU s, peak RSS so far) when open, and after each stored file
         with open_database(Path(tmp) / "bench.duckdb") as con:
-            marks.append(usage.cpu_seconds)
+            marks.append((usage.cpu_seconds, usage.main_peak))
             report = ingest_runs(
-                con, [run], IngestOptions(workers=workers), progress=lambda _: marks.append(usage.cpu_seconds)
+                con,
+                [run],
+                IngestOptions(workers=workers),
+                progress=lambda _: marks.append((usage.cpu_seconds, usage.main_peak)),
             )
         wall = time.perf_counter() - started
     (result,) = report.runs
@@ -109,7 +112,8 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
         "ranks": result.ranks,
         "source_bytes": result.source_bytes,
         "cpu": usage.cpu_seconds,
-        "load_cpu": marks[-1] - marks[0],
+        "load_cpu": marks[-1][0] - marks[0][0],
+        "load_rss": marks[-1][1],
         "main_rss": usage.main_peak,
         "worker_rss": usage.worker_peak,
     }
@@ -253,10 +257,10 @@ def stress(size_gb: float, source: Path, keep: bool) -> None:
     try:
         r = _run_child("tracecal-j1", path)
         print(
-            f"tracecal -j1: {r['events']:,} events, parse + load {r['load']:.1f} s "
-            f"({size / 1e6 / r['load']:.1f} MB/s), decode {r['decode']:.1f} s, total {r['wall']:.1f} s "
-            f"({size / 1e6 / r['wall']:.1f} MB/s); peak RSS {r['main_rss'] / 1e9:.2f} GB "
-            f"= {r['main_rss'] / size:.2f}x the file"
+            f"tracecal -j1: {r['events']:,} events; parse + load {r['load']:.1f} s wall, {r['load_cpu']:.1f} s CPU "
+            f"({size / 1e6 / r['load_cpu']:.1f} MB/s per CPU second), peak RSS {r['load_rss'] / 1e9:.2f} GB "
+            f"= {r['load_rss'] / size:.2f}x the file; with decode: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU, "
+            f"peak RSS {r['main_rss'] / 1e9:.2f} GB"
         )
     finally:
         if not keep:

@@ -180,12 +180,7 @@ def _ingest_run(
 ) -> RunReport:
     started = time.perf_counter()
     skipped: list[Skipped] = []
-    ranks: list[dict[str, Any]] = []
-    owners: dict[int, Path] = {}
-    world_sizes: list[int | None] = []
-    process_groups: list[dict[str, Any]] = []
-    notes: list[str] = []
-    events = kernels = source_bytes = 0
+    stored = _StoredRanks(con, run_id, len(run.files))
     con.execute("BEGIN TRANSACTION")
     try:
         # Step 1: re-ingest replaces — the run's rows go from every run-keyed table.
@@ -194,41 +189,26 @@ def _ingest_run(
 
         # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
         for done, (trace_file, parsed) in enumerate(pool.parse(run.files, options.on_error, skipped), start=1):
-            for rank_trace in parsed:
-                rank, rank_source = _resolve_rank(trace_file, rank_trace, len(parsed), len(run.files))
-                if rank in owners:
-                    raise RankConflictError(
-                        f"{trace_file.path} and {owners[rank]} both hold rank {rank}; "
-                        "remove the duplicate or ingest them as separate runs"
-                    )
-                owners[rank] = trace_file.path
-                row = _insert_rank_events(con, run_id, rank, rank_trace)
-                ranks.append({**row, "rank_source": rank_source})
-                events += row["events"]
-                kernels += row["kernels"]
-                source_bytes += rank_trace.source_bytes or rank_trace.file_bytes
-                world_sizes.append(rank_trace.world_size)
-                process_groups.extend(rank_trace.process_groups)
-                notes.extend(w for w in rank_trace.metadata.get("warnings", ()) if w not in notes)
-            del parsed
+            stored.add(trace_file, parsed)
+            del parsed  # the next file's events arrive only after this one's are gone
             if progress is not None:
                 progress(Progress(run_id, trace_file.path, done, len(run.files)))
-        if not ranks:
+        if not stored.rows:
             reasons = "; ".join(s.reason for s in skipped[:3])
             raise _NothingLeft(f"{run.run_dir}: every trace file failed ({reasons})")
 
         # Step 3: the run and its ranks.
-        world_size = world_size_of(world_sizes, len(ranks))
+        world_size = world_size_of(stored.world_sizes, len(stored.rows))
         layout = run.layout
         if not layout.known:
-            layout = (layout_from_process_groups(process_groups) or ParallelLayout()).merged(layout)
-        _insert_rows(con, RANKS.name, arrow_schema(RANKS), [{**r, "run_id": run_id} for r in ranks])
+            layout = (layout_from_process_groups(stored.process_groups) or ParallelLayout()).merged(layout)
+        _insert_rows(con, RANKS.name, arrow_schema(RANKS), [{**r, "run_id": run_id} for r in stored.rows])
         load_seconds = time.perf_counter() - started
         _insert_rows(
             con,
             RUNS.name,
             arrow_schema(RUNS),
-            [_run_row(run_id, run, options, layout, world_size, len(ranks), load_seconds)],
+            [_run_row(run_id, run, options, layout, world_size, len(stored.rows), load_seconds)],
         )
 
         # Step 4: decode (operators, collectives, iterations) inside the run's transaction.
@@ -244,20 +224,56 @@ def _ingest_run(
         run_id=run_id,
         source_path=run.run_dir,
         format=run.format,
-        ranks=len(ranks),
+        ranks=len(stored.rows),
         world_size=world_size,
-        events=events,
-        kernels=kernels,
+        events=stored.events,
+        kernels=stored.kernels,
         input_bytes=sum(f.size_bytes for f in run.files),
-        source_bytes=source_bytes,
+        source_bytes=stored.source_bytes,
         seconds=seconds,
         load_seconds=load_seconds,
-        missing_ranks=tuple(missing_ranks(sorted(owners), world_size)),
+        missing_ranks=tuple(missing_ranks(sorted(stored.owners), world_size)),
         layout=layout,
         skipped=tuple(skipped),
-        warnings=tuple(notes),
+        warnings=tuple(stored.notes),
         decode=decoded,
     )
+
+
+class _StoredRanks:
+    """The ranks of one run stored so far: their ``ranks`` rows and the totals of the run."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, files: int) -> None:
+        self.con, self.run_id, self.files = con, run_id, files
+        self.rows: list[dict[str, Any]] = []
+        self.owners: dict[int, Path] = {}
+        self.world_sizes: list[int | None] = []
+        self.process_groups: list[dict[str, Any]] = []
+        self.notes: list[str] = []
+        self.events = self.kernels = self.source_bytes = 0
+
+    def add(self, trace_file: TraceFile, parsed: list[ParsedRank]) -> None:
+        """Insert the events of every rank of one file.
+
+        Raises:
+            RankConflictError: a rank is already held by another file, or cannot be determined.
+        """
+        for rank_trace in parsed:
+            rank, rank_source = _resolve_rank(trace_file, rank_trace, len(parsed), self.files)
+            if rank in self.owners:
+                raise RankConflictError(
+                    f"{trace_file.path} and {self.owners[rank]} both hold rank {rank}; "
+                    "remove the duplicate or ingest them as separate runs"
+                )
+            self.owners[rank] = trace_file.path
+            row = _insert_rank_events(self.con, self.run_id, rank, rank_trace)
+            self.rows.append({**row, "rank_source": rank_source})
+            self.events += row["events"]
+            self.kernels += row["kernels"]
+            self.source_bytes += rank_trace.source_bytes or rank_trace.file_bytes
+            self.world_sizes.append(rank_trace.world_size)
+            self.process_groups.extend(rank_trace.process_groups)
+            self.notes.extend(w for w in rank_trace.metadata.get("warnings", ()) if w not in self.notes)
 
 
 def _resolve_rank(trace_file: TraceFile, parsed: ParsedRank, ranks_in_file: int, files: int) -> tuple[int, str]:
