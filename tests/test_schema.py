@@ -43,3 +43,12 @@ def test_arrow_schema_round_trips_through_duckdb(db_path: Path) -> None:
             con.register("frame", empty)
             con.execute(f"INSERT INTO {table.name} SELECT * FROM frame")
             assert con.execute(f"SELECT count(*) FROM {table.name}").fetchone() == (0,)
+
+
+def test_read_only_sessions_see_current_views_over_stale_stored_ones(db_path: Path) -> None:
+    with open_database(db_path) as con:
+        con.execute("CREATE OR REPLACE VIEW best_iteration AS SELECT 'stale' AS written_by_an_old_version")
+    with open_database(db_path, read_only=True) as con:
+        columns = [d[0] for d in con.execute("SELECT * FROM best_iteration").description]
+    assert "written_by_an_old_version" not in columns
+    assert "run_id" in columns

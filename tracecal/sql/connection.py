@@ -64,17 +64,28 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     create_views(con)
 
 
-def create_views(con: duckdb.DuckDBPyConnection) -> None:
-    """(Re)create every view; views may read other views, so retry until all bind."""
+def create_views(con: duckdb.DuckDBPyConnection, *, temporary: bool = False) -> None:
+    """(Re)create every view; views may read other views, so retry until all bind.
+
+    ``temporary`` creates them as TEMP views, which DuckDB allows on a read-only connection: a read-only
+    session then sees this version's view definitions even in a database written by an older one.
+    Views that cannot bind raise in a writable database; in a temporary pass they are left out (their
+    tables are missing from an older database and a query on them says so).
+    """
     pending = view_files()
     while pending:
         failed: list[tuple[Path, Exception]] = []
         for path in pending:
+            text = path.read_text()
+            if temporary:
+                text = text.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1)
             try:
-                con.execute(path.read_text())
+                con.execute(text)
             except duckdb.CatalogException as exc:  # a view it reads is not created yet
                 failed.append((path, exc))
         if len(failed) == len(pending):
+            if temporary:
+                return
             first_path, first_error = failed[0]
             raise SchemaError(f"view {first_path.name} does not bind: {first_error}".splitlines()[0])
         pending = [p for p, _ in failed]
@@ -99,7 +110,9 @@ def open_database(path: Path, *, read_only: bool = False) -> Iterator[duckdb.Duc
     except duckdb.IOException as exc:
         raise SchemaError(f"cannot open database {path}: {str(exc).splitlines()[0]}") from exc
     try:
-        if not read_only:
+        if read_only:
+            create_views(con, temporary=True)
+        else:
             ensure_schema(con)
         yield con
     finally:
