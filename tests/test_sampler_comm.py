@@ -11,6 +11,8 @@ from tracecal.errors import SampleError
 from tracecal.samplers.comm import (
     COLLECTIVES,
     CommSettings,
+    Topology,
+    _groups,
     load_comm_config,
     parse_size,
     plan,
@@ -107,3 +109,50 @@ def test_the_torchrun_entry_point_writes_rank0_samples(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert bad.returncode == 2 and "error: size 'HUGE' is not a byte count" in bad.stderr
+
+
+class _StubDist:
+    """Just enough of torch.distributed for group arithmetic: records new_group calls."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.created = rank, []
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def new_group(self, ranks: list[int]) -> str:
+        self.created.append(list(ranks))
+        return f"group{len(self.created) - 1}"
+
+
+def test_groups_of_a_two_node_job_by_four_gpus() -> None:
+    dist = _StubDist(rank=5)
+    assert _groups(dist, "world", 8, 4) == (None, list(range(8)), Topology(8, 2, 4), 1)
+    group, members, topo, concurrent = _groups(dist, "node:2", 8, 4)
+    assert (members, topo, concurrent) == ([4, 5], Topology(2, 1, 2), 4)
+    assert dist.created == [[0, 1], [2, 3], [4, 5], [6, 7]] and group == "group2"  # every rank creates all
+    dist.created.clear()
+    group, members, topo, concurrent = _groups(dist, "cross-node", 8, 4)
+    assert (members, topo, concurrent) == ([1, 5], Topology(2, 2, 1), 4)
+    assert dist.created == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert _groups(dist, "node:3", 8, 4) is None  # 3 does not divide 4 GPUs per node
+    assert _groups(dist, "node:8", 8, 4) is None  # wider than a node
+    assert _groups(dist, "cross-node", 4, 4) is None  # one node
+
+
+def test_unknown_groups_are_refused() -> None:
+    for bad in ("node:1", "node:x", "ring"):
+        with pytest.raises(SampleError, match="use world, cross-node or node:G"):
+            CommSettings("c", groups=(bad,)).check()
+
+
+@pytest.mark.slow
+def test_sub_groups_run_concurrently_on_four_gloo_ranks() -> None:
+    settings = CommSettings("local", collectives=("all_reduce", "send"), sizes_bytes=(4096,), repeats=2, warmup=1,
+                            groups=("world", "node:2", "node:4", "cross-node"))  # fmt: skip
+    rows = spawn_local(settings, 4).to_pylist()
+    # node:4 is the world on one node and cross-node does not exist there: both add nothing
+    got = sorted((r["collective"], r["group_size"], r["nodes"], r["gpus_per_node"]) for r in rows)
+    assert got == [("all_reduce", 2, 1, 2), ("all_reduce", 4, 1, 4), ("send", 2, 1, 2), ("send", 4, 1, 4)]
+    pair = next(r for r in rows if r["collective"] == "send" and r["group_size"] == 2)
+    assert '"concurrent_groups":2' in pair["params_json"] and '"src":0,"dst":1' in pair["params_json"]

@@ -119,6 +119,10 @@ def comm(
         str | None, typer.Option("--collectives", help="Comma-separated subset of all_reduce,all_gather,...")
     ] = None,
     dtype: Annotated[str | None, typer.Option("--dtype", help="float32 (CPU default), float16, bfloat16.")] = None,
+    groups: Annotated[
+        str | None,
+        typer.Option("--groups", help="Process groups: world, node:G (G ranks per node), cross-node; comma-separated."),
+    ] = None,
     repeats: RepeatsOption = None,
     warmup: WarmupOption = None,
     db: DbOption = None,
@@ -134,7 +138,7 @@ def comm(
 
         args = argparse.Namespace(
             cluster=cluster, config=config, sizes=sizes, collectives=collectives,
-            dtype=dtype, repeats=repeats, warmup=warmup,
+            dtype=dtype, repeats=repeats, warmup=warmup, groups=groups,
         )  # fmt: skip
         settings = Settings.resolve(db)
         if sampler.under_torchrun():

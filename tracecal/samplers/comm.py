@@ -18,8 +18,12 @@ buffer for all_gather, the total input for reduce_scatter and all_to_all, and th
 send/recv (rank 0 sends to the last rank, so multi-node jobs measure an inter-node transfer). Sizes
 are rounded down to whole elements per rank; the stored ``size_bytes`` is the size actually moved.
 
-Topology: ``nodes = WORLD_SIZE // LOCAL_WORLD_SIZE`` and ``gpus_per_node = LOCAL_WORLD_SIZE``
-(processes per node on CPU); ``group_size`` is the world size (every collective runs on WORLD).
+Groups (``groups``): ``world`` runs on all ranks, ``nodes = WORLD_SIZE // LOCAL_WORLD_SIZE`` and
+``gpus_per_node = LOCAL_WORLD_SIZE`` (processes per node on CPU); ``node:G`` runs every block of G
+consecutive ranks inside a node at once (``nodes`` 1, ``gpus_per_node`` G, like tensor-parallel
+groups); ``cross-node`` runs the groups of ranks sharing a local rank across nodes at once (``nodes``
+N, ``gpus_per_node`` 1, like data-parallel groups). ``group_size`` is the group's size; the barrier
+and the MAX reduction span all ranks.
 
 The GPU path (NCCL, CUDA events, per-rank devices) is written for clusters and was not run on the
 CPU-only machine this project is built on.
@@ -68,12 +72,20 @@ class CommSettings:
     warmup: int = 3
     repeats: int = 10
     source_file: str | None = None
+    groups: tuple[str, ...] = ("world",)
+    """Process groups to sample: ``world``; ``node:G`` (blocks of G consecutive ranks inside each node,
+    all blocks running at once, like tensor-parallel groups); ``cross-node`` (the ranks with the same
+    local rank on every node, like data-parallel groups across nodes)."""
 
     def check(self) -> None:
-        """Raises SampleError on an unknown collective or dtype, or non-positive sizes/repeats."""
+        """Raises SampleError on an unknown collective, group or dtype, or non-positive sizes/repeats."""
         bad = [c for c in self.collectives if c not in COLLECTIVES]
         if bad:
             raise SampleError(f"unknown collective {bad[0]!r}; known: {', '.join(COLLECTIVES)}")
+        for g in self.groups:
+            size = g.removeprefix("node:")
+            if g not in ("world", "cross-node") and not (g.startswith("node:") and size.isdigit() and int(size) >= 2):
+                raise SampleError(f"unknown group {g!r}; use world, cross-node or node:G with G ≥ 2")
         if self.dtype not in ELEMENT_BYTES:
             raise SampleError(f"dtype {self.dtype!r} is not one of {', '.join(ELEMENT_BYTES)}")
         if not self.sizes_bytes or min(self.sizes_bytes) < 1:
@@ -84,9 +96,9 @@ class CommSettings:
 
 @dataclass(frozen=True)
 class Topology:
-    """Where the ranks are: world size, nodes and processes (GPUs) per node."""
+    """Where a group's ranks are: its size, the nodes it spans and its processes (GPUs) per node."""
 
-    world_size: int
+    group_size: int
     nodes: int
     gpus_per_node: int
 
@@ -137,6 +149,7 @@ def load_comm_config(config: str | Path, cluster: str) -> CommSettings:
         warmup=int(doc.get("warmup", 3)),
         repeats=int(doc.get("repeats", 10)),
         source_file=str(path),
+        groups=tuple(doc.get("groups", ("world",))),
     )
     settings.check()
     return settings
@@ -168,7 +181,7 @@ def comm_sample_id(
         "collective": coll,
         "size_bytes": size,
         "dtype": dtype,
-        "group_size": topo.world_size,
+        "group_size": topo.group_size,
         "nodes": topo.nodes,
         "gpus_per_node": topo.gpus_per_node,
         "device_name": device_name,
@@ -178,38 +191,63 @@ def comm_sample_id(
 
 
 def _collective_call(
-    dist: Any, torch: Any, coll: str, size: int, dtype: Any, es: int, device: Any
+    dist: Any, torch: Any, coll: str, size: int, dtype: Any, es: int, device: Any, group: Any, members: list[int]
 ) -> Callable[[], Any]:
-    """A closure running one call of ``coll`` moving ``size`` bytes (nccl-tests convention)."""
-    rank, world = dist.get_rank(), dist.get_world_size()
+    """A closure running one call of ``coll`` moving ``size`` bytes (nccl-tests convention) in
+    ``group`` (None = WORLD), whose global ranks are ``members``."""
+    rank, width = dist.get_rank(), len(members)
     n = size // es
     if coll == "all_reduce":
         buf = torch.ones(n, dtype=dtype, device=device)
-        return lambda: dist.all_reduce(buf)
+        return lambda: dist.all_reduce(buf, group=group)
     if coll == "broadcast":
         buf = torch.ones(n, dtype=dtype, device=device)
-        return lambda: dist.broadcast(buf, src=0)
+        return lambda: dist.broadcast(buf, src=members[0], group=group)
     if coll == "all_gather":
-        out, inp = torch.empty(n, dtype=dtype, device=device), torch.ones(n // world, dtype=dtype, device=device)
+        out, inp = torch.empty(n, dtype=dtype, device=device), torch.ones(n // width, dtype=dtype, device=device)
         # all_gather_into_tensor is deprecated in favour of all_gather_single (torch ≥ 2.9)
         all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-        return lambda: all_gather(out, inp)
+        return lambda: all_gather(out, inp, group=group)
     if coll == "reduce_scatter":
-        inp, out = torch.ones(n, dtype=dtype, device=device), torch.empty(n // world, dtype=dtype, device=device)
+        inp, out = torch.ones(n, dtype=dtype, device=device), torch.empty(n // width, dtype=dtype, device=device)
         # reduce_scatter_tensor is deprecated in favour of reduce_scatter_single (torch ≥ 2.9)
         reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-        return lambda: reduce_scatter(out, inp)
+        return lambda: reduce_scatter(out, inp, group=group)
     if coll == "all_to_all":
         inp, out = torch.ones(n, dtype=dtype, device=device), torch.empty(n, dtype=dtype, device=device)
-        return lambda: dist.all_to_all_single(out, inp)
-    # send: rank 0 -> last rank; everyone else idles (and reports 0, which MAX ignores)
+        return lambda: dist.all_to_all_single(out, inp, group=group)
+    # send: the group's first rank -> its last; everyone else idles (and reports 0, which MAX ignores)
     buf = torch.ones(n, dtype=dtype, device=device)
-    last = world - 1
-    if rank == 0:
-        return lambda: dist.send(buf, dst=last)
+    first, last = members[0], members[-1]
+    if rank == first:
+        return lambda: dist.send(buf, dst=last, group=group)
     if rank == last:
-        return lambda: dist.recv(buf, src=0)
+        return lambda: dist.recv(buf, src=first, group=group)
     return lambda: None
+
+
+def _groups(dist: Any, spec: str, world: int, local_world: int) -> tuple[Any, list[int], Topology, int] | None:
+    """(this rank's group, its members, its topology, groups running at once) for a group spec, or
+    None when the spec does not fit the job (e.g. cross-node on one node). Every rank must call it
+    with the same spec: creating groups is collective."""
+    nodes = max(1, world // local_world)
+    if spec == "world":
+        return None, list(range(world)), Topology(world, nodes, local_world), 1
+    if spec == "cross-node":
+        if nodes < 2:
+            return None
+        blocks = [[node * local_world + local for node in range(nodes)] for local in range(local_world)]
+        topo = Topology(nodes, nodes, 1)
+    else:
+        width = int(spec.removeprefix("node:"))
+        if width > local_world or local_world % width:
+            return None
+        blocks = [list(range(start, start + width)) for start in range(0, world, width)]
+        topo = Topology(width, 1, width)
+    handles = [dist.new_group(block) for block in blocks]
+    rank = dist.get_rank()
+    mine = next(i for i, block in enumerate(blocks) if rank in block)
+    return handles[mine], blocks[mine], topo, len(blocks)
 
 
 def run_rank(settings: CommSettings, skip_ids: frozenset[str] = frozenset()) -> pa.Table | None:
@@ -225,7 +263,6 @@ def run_rank(settings: CommSettings, skip_ids: frozenset[str] = frozenset()) -> 
     backend = str(dist.get_backend())
     rank, world = dist.get_rank(), dist.get_world_size()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    topo = Topology(world, max(1, world // local_world), local_world)
     cuda = backend == "nccl"
     if cuda:
         local_rank = int(os.environ.get("LOCAL_RANK", rank % local_world))
@@ -236,17 +273,31 @@ def run_rank(settings: CommSettings, skip_ids: frozenset[str] = frozenset()) -> 
         nccl = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
     else:
         device, device_name, nccl = torch.device("cpu"), cpu_name(), None
+    # every rank must skip the same points: ids use rank 0's device name
+    names = [device_name]
+    dist.broadcast_object_list(names, src=0)
+    device_name = names[0]
     dtype, es = getattr(torch, settings.dtype), ELEMENT_BYTES[settings.dtype]
     rows: list[dict[str, Any]] = []
-    for coll, size in plan(settings, world):
-        sid = comm_sample_id(settings.cluster, coll, size, settings.dtype, topo, device_name, backend)
-        if sid in skip_ids:
+    seen: set[Topology] = set()
+    for spec in settings.groups:
+        made = _groups(dist, spec, world, local_world)
+        if made is None or made[2] in seen:  # does not fit the job, or the same as a group already run
             continue
-        call = _collective_call(dist, torch, coll, size, dtype, es, device)
-        durations = _time_aligned(dist, torch, call, settings, device, cuda)
-        if rank == 0:
-            rows.append(_row(settings, coll, size, sid, topo, durations, device_name, backend, nccl))
-        del call
+        group, members, topo, concurrent = made
+        seen.add(topo)
+        for coll, size in plan(settings, len(members)):
+            sid = comm_sample_id(settings.cluster, coll, size, settings.dtype, topo, device_name, backend)
+            if sid in skip_ids:
+                continue
+            call = _collective_call(dist, torch, coll, size, dtype, es, device, group, members)
+            durations = _time_aligned(dist, torch, call, settings, device, cuda)
+            if rank == 0:
+                facts: dict[str, Any] = {"group": spec, "concurrent_groups": concurrent, "world_size": world}
+                if coll == "send":
+                    facts.update(src=members[0], dst=members[-1])
+                rows.append(_row(settings, coll, size, sid, topo, durations, device_name, backend, nccl, facts))
+            del call
     if rank != 0:
         return None
     return pa.Table.from_pylist(rows, schema=arrow_schema(SAMPLES))
@@ -291,14 +342,12 @@ def _row(
     device_name: str,
     backend: str,
     nccl: str | None,
+    facts: dict[str, Any],
 ) -> dict[str, Any]:
     import torch
 
     stats = summarize(durations)
-    world = topo.world_size
-    params = {"backend": backend, "warmup": s.warmup, "world_size": world}
-    if coll == "send":
-        params.update(src=0, dst=world - 1)
+    params = {"backend": backend, "warmup": s.warmup, **facts}
     row: dict[str, Any] = {name: None for name in SAMPLES.column_names}
     row.update(
         sample_id=sid,
@@ -312,7 +361,7 @@ def _row(
         io_bytes=float(size),
         collective=coll,
         size_bytes=size,
-        group_size=world,
+        group_size=topo.group_size,
         nodes=topo.nodes,
         gpus_per_node=topo.gpus_per_node,
         median_ns=stats.median_ns,
@@ -399,6 +448,7 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", help="comm config YAML (path or shipped name, e.g. comm-sweep)")
     parser.add_argument("--sizes", help="comma-separated sizes in bytes (64K, 1M, ...); overrides the config")
     parser.add_argument("--collectives", help=f"comma-separated subset of {','.join(COLLECTIVES)}")
+    parser.add_argument("--groups", help="comma-separated groups: world, node:G, cross-node (default: world)")
     parser.add_argument("--dtype", help="float32, float16 or bfloat16 (default: float16 on GPU, float32 on CPU)")
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--warmup", type=int)
@@ -417,6 +467,8 @@ def settings_from_args(args: argparse.Namespace, cuda: bool) -> CommSettings:
         changes["sizes_bytes"] = tuple(parse_size(s) for s in args.sizes.split(","))
     if args.collectives:
         changes["collectives"] = tuple(c.strip() for c in args.collectives.split(","))
+    if getattr(args, "groups", None):
+        changes["groups"] = tuple(g.strip() for g in args.groups.split(","))
     if args.dtype or not args.config:
         changes["dtype"] = args.dtype or ("float16" if cuda else "float32")
     for key in ("repeats", "warmup"):
