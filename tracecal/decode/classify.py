@@ -68,20 +68,22 @@ def _evidence(events: pl.DataFrame, pts: pl.DataFrame) -> pl.DataFrame:
         ivt = pl.col("tid") if per_thread else pl.lit(-1, dtype=pl.Int64)
         iv_parts.append(
             frame.select(
+                "rank",
                 "pid",
                 ivt.cast(pl.Int64).alias("lane_tid"),
                 pl.lit(tag).alias("tag"),
-                pl.col("event_id").alias("id"),
+                pl.col("uid").alias("id"),
                 "ts_ns",
                 "end_ns",
             )
         )
-        pt_parts.append(pts.select("pid", ivt.cast(pl.Int64).alias("lane_tid"), pl.lit(tag).alias("tag"), "qid", "t"))
+        pt_parts.append(
+            pts.select("rank", "pid", ivt.cast(pl.Int64).alias("lane_tid"), pl.lit(tag).alias("tag"), "qid", "t")
+        )
     iv = pl.concat(iv_parts, how="vertical_relaxed")
     allpts = pl.concat(pt_parts, how="vertical_relaxed").with_row_index("_q").with_columns(pl.col("_q").cast(pl.Int64))
-    cov = covered(
-        iv, allpts.select("pid", "lane_tid", "tag", pl.col("_q").alias("qid"), "t"), lane=("pid", "lane_tid", "tag")
-    )
+    lane = ("rank", "pid", "lane_tid", "tag")
+    cov = covered(iv, allpts.select(*lane, pl.col("_q").alias("qid"), "t"), lane=lane)
     joined = allpts.join(cov.rename({"qid": "_q"}), on="_q", how="left")
     return joined.group_by("qid").agg(
         *[((pl.col("count") > 0) & (pl.col("tag") == tag)).any().alias(tag) for tag, _, _ in sets]
@@ -93,16 +95,17 @@ def assign_phases(events: pl.DataFrame, operators: pl.DataFrame) -> pl.DataFrame
 
     Args:
         events: the rank's events with ``end_ns``.
-        operators: frame with event_id, cpu_pid, cpu_tid, launch_ns, cpu_op_name, cpu_fwd_thread_id,
-            iteration.
+        operators: frame with rank, uid, cpu_pid, cpu_tid, launch_ns, cpu_op_name, cpu_fwd_thread_id,
+            iteration (one or more ranks).
     """
     pts = operators.filter(pl.col("launch_ns").is_not_null()).select(
+        "rank",
         pl.col("cpu_pid").alias("pid"),
         pl.col("cpu_tid").alias("tid"),
-        pl.col("event_id").alias("qid"),
+        pl.col("uid").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )
-    out = operators.join(_evidence(events, pts).rename({"qid": "event_id"}), on="event_id", how="left")
+    out = operators.join(_evidence(events, pts).rename({"qid": "uid"}), on="uid", how="left")
     autograd = (
         pl.col("_autograd").fill_null(False)
         | pl.col("cpu_op_name").fill_null("").str.contains(AUTOGRAD)
@@ -132,10 +135,10 @@ def assign_phases(events: pl.DataFrame, operators: pl.DataFrame) -> pl.DataFrame
     when = pl.coalesce("launch_ns", "ts_ns")
     bounds = (
         out.filter((pl.col("phase") == "bwd") & pl.col("iteration").is_not_null())
-        .group_by("iteration")
+        .group_by("rank", "iteration")
         .agg(when.min().alias("_first_bwd"), when.max().alias("_last_bwd"))
     )
-    out = out.join(bounds, on="iteration", how="left")
+    out = out.join(bounds, on=["rank", "iteration"], how="left")
     positional = (
         pl.when(pl.col("iteration").is_null())
         .then(pl.lit("other"))

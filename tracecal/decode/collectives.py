@@ -14,6 +14,7 @@ Bytes per nanosecond are GB/s.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import orjson
@@ -205,32 +206,32 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     and c10d:: op (``c_``) enclosing each instance's launch on its thread: one sweep, a lane per kind."""
     iv_parts, pt_parts = [], []
     pts = inst.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
+        "rank",
         pl.col("cpu_pid").alias("pid"),
         pl.col("cpu_tid").alias("tid"),
-        pl.col("event_id").alias("qid"),
+        pl.col("uid").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )
     for tag, kind, pattern in _CONTEXT:
         src = events.filter((pl.col("kind") == kind) & pl.col("name").str.contains(pattern))
         iv_parts.append(
-            src.select("pid", "tid", pl.lit(tag).alias("tag"), pl.col("event_id").alias("id"), "ts_ns", "end_ns")
+            src.select("rank", "pid", "tid", pl.lit(tag).alias("tag"), pl.col("uid").alias("id"), "ts_ns", "end_ns")
         )
         pt_parts.append(pts.with_columns(pl.lit(tag).alias("tag")))
     allpts = pl.concat(pt_parts).with_row_index("_q").with_columns(pl.col("_q").cast(pl.Int64))
+    lane = ("rank", "pid", "tid", "tag")
     hit = enclosing(
-        pl.concat(iv_parts, how="vertical_relaxed"),
-        allpts.select("pid", "tid", "tag", pl.col("_q").alias("qid"), "t"),
-        lane=("pid", "tid", "tag"),
+        pl.concat(iv_parts, how="vertical_relaxed"), allpts.select(*lane, pl.col("_q").alias("qid"), "t"), lane=lane
     )
     hit = allpts.select("_q", "qid", "tag").join(hit.rename({"qid": "_q"}), on="_q", how="left")
-    attrs = events.select(pl.col("event_id").alias("id"), *_ATTRS)
+    attrs = events.select(pl.col("uid").alias("id"), *_ATTRS)
     hit = hit.join(attrs, on="id", how="left")
-    out = inst.select("event_id")
+    out = inst.select("uid")
     for tag, _, _ in _CONTEXT:
         part = hit.filter(pl.col("tag") == tag).select(
-            pl.col("qid").alias("event_id"), *[pl.col(c).alias(tag + c) for c in _ATTRS]
+            pl.col("qid").alias("uid"), *[pl.col(c).alias(tag + c) for c in _ATTRS]
         )
-        out = out.join(part, on="event_id", how="left")
+        out = out.join(part, on="uid", how="left")
     return out
 
 
@@ -261,15 +262,20 @@ def _link_cpu_work(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
 
     def numbered(frame: pl.DataFrame) -> pl.DataFrame:
         return (
-            frame.sort("ts_ns", "event_id")
+            frame.sort("rank", "ts_ns", "event_id")
             .with_columns(pl.col("name").replace_strict(kinds, return_dtype=pl.Utf8).alias("_kind"))
-            .with_columns(pl.int_range(0, pl.len()).over("_kind").alias("_k"))
+            .with_columns(pl.int_range(0, pl.len()).over("rank", "_kind").alias("_k"))
         )
 
     ops = numbered(c10d).select(
-        "_kind", "_k", pl.col("pid").alias("_pid"), pl.col("tid").alias("_tid"), pl.col("ts_ns").alias("_launch")
+        "rank",
+        "_kind",
+        "_k",
+        pl.col("pid").alias("_pid"),
+        pl.col("tid").alias("_tid"),
+        pl.col("ts_ns").alias("_launch"),
     )
-    linked = numbered(inst).join(ops, on=["_kind", "_k"], how="left")
+    linked = numbered(inst).join(ops, on=["rank", "_kind", "_k"], how="left")
     return linked.with_columns(
         pl.coalesce("_launch", "launch_ns").alias("launch_ns"),
         pl.coalesce("_pid", "cpu_pid").alias("cpu_pid"),
@@ -283,15 +289,16 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     scopes = events.filter(pl.col("kind").is_in(["cpu_op", "user_annotation", "python_function", "nvtx"]))
     sets = [*SCOPE_ROLES, *_DIRECTIONS]
     pts = inst.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
+        "rank",
         pl.col("cpu_pid").alias("pid"),
         pl.col("cpu_tid").alias("tid"),
-        pl.col("event_id").alias("qid"),
+        pl.col("uid").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )
     iv = pl.concat(
         [
             scopes.filter(pl.col("name").str.contains(pat)).select(
-                "pid", "tid", pl.lit(tag).alias("tag"), pl.col("event_id").alias("id"), "ts_ns", "end_ns"
+                "rank", "pid", "tid", pl.lit(tag).alias("tag"), pl.col("uid").alias("id"), "ts_ns", "end_ns"
             )
             for tag, pat in sets
         ],
@@ -299,7 +306,8 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     )
     allpts = pl.concat([pts.with_columns(pl.lit(tag).alias("tag")) for tag, _ in sets]).with_row_index("_q")
     allpts = allpts.with_columns(pl.col("_q").cast(pl.Int64))
-    cov = covered(iv, allpts.select("pid", "tid", "tag", pl.col("_q").alias("qid"), "t"), lane=("pid", "tid", "tag"))
+    lane = ("rank", "pid", "tid", "tag")
+    cov = covered(iv, allpts.select(*lane, pl.col("_q").alias("qid"), "t"), lane=lane)
     hit = allpts.join(cov.rename({"qid": "_q"}), on="_q", how="left").filter(pl.col("count") > 0)
     role_order = {tag: i for i, (tag, _) in enumerate(SCOPE_ROLES)}
     roles = (
@@ -313,36 +321,51 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
         (pl.col("tag") == "_next").any().alias("_next"), (pl.col("tag") == "_prev").any().alias("_prev")
     )
     return (
-        inst.select(pl.col("event_id").alias("qid"))
+        inst.select(pl.col("uid").alias("qid"))
         .join(roles, on="qid", how="left")
         .join(dirs, on="qid", how="left")
-        .rename({"qid": "event_id"})
+        .rename({"qid": "uid"})
     )
 
 
 def rank_collectives(
-    events: pl.DataFrame, operators: pl.DataFrame, *, rank: int, layout: Layout, gpu: bool
+    events: pl.DataFrame, operators: pl.DataFrame, *, layout: Layout, gpu_ranks: Collection[int]
 ) -> pl.DataFrame:
-    """The collective instances of one rank, before cross-rank matching.
+    """The collective instances of one or more ranks, before cross-rank matching.
 
     Args:
-        events: the rank's events with ``end_ns``.
-        operators: the rank's operators with family, launch_ns, cpu_pid, cpu_tid, iteration, scope_name.
-        rank: the global rank.
+        events: the ranks' events with ``end_ns`` and ``uid``.
+        operators: their operators with rank, uid, family, launch_ns, cpu_pid, cpu_tid, iteration,
+            scope_name.
         layout: the run's parallel layout.
-        gpu: the rank has GPU activity (instances are NCCL kernels) or not (gloo work ranges).
+        gpu_ranks: ranks with GPU activity (instances are NCCL kernels); the others are CPU-only
+            (instances are gloo work ranges).
 
     Returns:
-        ``schema.COLLECTIVES`` columns except match_id/aligned_ts_ns (NULL), plus ``group_key`` (how
+        ``schema.COLLECTIVES`` columns except match_id/aligned_ts_ns, plus ``group_key`` (how
         instances of one group are recognised on every rank), ``coll_seq`` and ``end_ns``.
     """
-    if gpu:
-        inst = operators.filter((pl.col("kind") == "kernel") & pl.col("name").str.contains(COMM_KERNEL))
-    else:
-        inst = operators.filter(pl.col("name").str.contains(CPU_WORK))
-    inst = inst.select(
-        "event_id", "name", "ts_ns", "dur_ns", "stream", "iteration", "launch_ns", "cpu_pid", "cpu_tid", "scope_name"
+    on_gpu = pl.col("rank").is_in(list(gpu_ranks))
+    inst = operators.filter(
+        (on_gpu & (pl.col("kind") == "kernel") & pl.col("name").str.contains(COMM_KERNEL))
+        | (~on_gpu & pl.col("name").str.contains(CPU_WORK))
     )
+    inst = inst.select(
+        "rank",
+        "uid",
+        "event_id",
+        "name",
+        "ts_ns",
+        "dur_ns",
+        "stream",
+        "iteration",
+        "launch_ns",
+        "cpu_pid",
+        "cpu_tid",
+        "scope_name",
+    )
+    if inst.filter(~on_gpu).height:
+        inst = pl.concat([inst.filter(on_gpu), _link_cpu_work(events, inst.filter(~on_gpu))], how="vertical_relaxed")
     own_cols = [
         "coll_name",
         "in_msg_nelems",
@@ -357,12 +380,10 @@ def rank_collectives(
         "src_rank",
         "dst_rank",
     ]
-    own = events.select("event_id", *[pl.col(c).alias("k_" + c) for c in own_cols])
-    if not gpu:
-        inst = _link_cpu_work(events, inst)
-    inst = inst.join(own, on="event_id", how="left")
-    inst = inst.join(_context_attrs(events, inst), on="event_id", how="left")
-    inst = inst.join(_scope_evidence(events, inst), on="event_id", how="left")
+    own = events.select("uid", *[pl.col(c).alias("k_" + c) for c in own_cols])
+    inst = inst.join(own, on="uid", how="left")
+    inst = inst.join(_context_attrs(events, inst), on="uid", how="left")
+    inst = inst.join(_scope_evidence(events, inst), on="uid", how="left")
 
     def first(field: str, prefixes: str = "kra") -> pl.Expr:
         return pl.coalesce([pl.col(p + "_" + field) for p in prefixes])
@@ -383,6 +404,7 @@ def rank_collectives(
     )
     records = []
     for r in rows.iter_rows(named=True):
+        rank = r["rank"]
         name = (
             normalize_collective(r["_cname"])
             or normalize_collective(r["a_name"])
@@ -426,6 +448,7 @@ def rank_collectives(
         algbw = size / dur if size is not None and dur else None
         records.append(
             {
+                "rank": rank,
                 "event_id": r["event_id"],
                 "name": name,
                 "ts_ns": r["ts_ns"],
@@ -447,21 +470,21 @@ def rank_collectives(
             }
         )
     schema = {
-        "event_id": pl.Int64, "name": pl.Utf8, "ts_ns": pl.Int64, "dur_ns": pl.Int64, "dtype": pl.Utf8,
+        "rank": pl.Int32, "event_id": pl.Int64, "name": pl.Utf8, "ts_ns": pl.Int64, "dur_ns": pl.Int64,
+        "dtype": pl.Utf8,
         "pg_name": pl.Utf8, "pg_ranks": pl.Utf8, "peer": pl.Int32, "role": pl.Utf8, "iteration": pl.Int32,
         "stream": pl.Int32, "algbw_gbps": pl.Float64, "busbw_gbps": pl.Float64, "size_bytes": pl.Int64,
         "group_size": pl.Int32, "coll_seq": pl.Int64, "_inferred": pl.Utf8, "linked": pl.Boolean,
     }  # fmt: skip
     out = pl.DataFrame(records, schema=schema, orient="row")
     out = out.with_columns(
-        pl.lit(rank, dtype=pl.Int32).alias("rank"),
         pl.coalesce(pl.col("pg_name"), pl.col("pg_ranks"), pl.col("_inferred"), pl.lit("default")).alias("group_key"),
         (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"),
-    ).sort("ts_ns", "event_id")
+    ).sort("rank", "ts_ns", "event_id")
     # order within the group on this rank; instances launched before the capture (no CPU side)
     # are not numbered: another rank may not have recorded them at all
     return out.with_columns(
-        pl.when(pl.col("linked") | ~pl.col("linked").any())
-        .then(pl.int_range(0, pl.len(), dtype=pl.Int64).over(pl.col("group_key"), pl.col("linked")))
+        pl.when(pl.col("linked") | ~pl.col("linked").any().over("rank"))
+        .then(pl.int_range(0, pl.len(), dtype=pl.Int64).over("rank", "group_key", "linked"))
         .alias("seq_in_group")
     )

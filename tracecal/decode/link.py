@@ -39,9 +39,20 @@ METADATA_OPS = (
 """Names of CPU ranges that are the communication work itself (gloo runs it on its own threads)."""
 
 
+UID_SHIFT = 40
+"""``uid = rank << 40 | event_id``: one int64 key for an event across the ranks of a batch."""
+
+
+def uid_expr(rank: str = "rank", event_id: str = "event_id") -> pl.Expr:
+    """The batch-wide event key (ranks below 2^23, event ids below 2^40)."""
+    return pl.col(rank).cast(pl.Int64) * (1 << UID_SHIFT) + pl.col(event_id)
+
+
 def with_end(events: pl.DataFrame) -> pl.DataFrame:
-    """Events plus ``end_ns`` (``ts_ns + dur_ns``; a missing duration counts as an instant)."""
-    return events.with_columns((pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"))
+    """Events plus ``end_ns`` (``ts_ns + dur_ns``; a missing duration counts as an instant) and ``uid``."""
+    return events.with_columns(
+        (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), uid_expr().alias("uid")
+    )
 
 
 def _cpu_ops(events: pl.DataFrame) -> pl.DataFrame:
@@ -67,19 +78,22 @@ _CPU_COLS = {
 
 
 def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
-    """One row per GPU activity of one rank, linked to its runtime call and innermost CPU operator.
+    """One row per GPU activity, linked to its runtime call and innermost CPU operator.
 
     Args:
-        events: one rank's events (``schema.EVENTS`` columns) plus ``end_ns`` (see ``with_end``).
+        events: the events of one or more ranks (``schema.EVENTS`` columns) plus ``end_ns`` and
+            ``uid`` (see ``with_end``); every link stays within a rank.
 
     Returns:
-        Columns: event_id, kind, name, ts_ns, dur_ns, device, stream, correlation, runtime_event_id,
+        Columns: rank, uid, event_id, kind, name, ts_ns, dur_ns, device, stream, correlation, runtime_event_id,
         runtime_name, runtime_ts_ns, runtime_dur_ns, cpu_pid, cpu_tid, cpu_op_event_id, cpu_op_name,
         cpu_op_ts_ns, cpu_op_dur_ns, input_dims, input_types, cpu_concrete_inputs, sequence_number,
         cpu_fwd_thread_id, link, launch_ns (when the CPU issued the work: the runtime call's start,
         else the CPU operator's start; NULL when unlinked).
     """
     gpu = events.filter(pl.col("kind").is_in(GPU_KINDS)).select(
+        "rank",
+        "uid",
         "event_id",
         "kind",
         "name",
@@ -92,9 +106,10 @@ def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
     )
     runtime = (
         events.filter(pl.col("kind").is_in(RUNTIME_KINDS) & pl.col("correlation").is_not_null())
-        .sort("event_id")
-        .unique(subset=["correlation"], keep="first")
+        .sort("uid")
+        .unique(subset=["rank", "correlation"], keep="first")
         .select(
+            "rank",
             "correlation",
             pl.col("event_id").alias("runtime_event_id"),
             pl.col("name").alias("runtime_name"),
@@ -105,13 +120,14 @@ def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
             pl.col("external_id").alias("_rt_ext"),
         )
     )
-    ops = gpu.join(runtime, on="correlation", how="left")
+    ops = gpu.join(runtime, on=["rank", "correlation"], how="left")
     cpu = _cpu_ops(events)
     cpu_by_ext = (
         cpu.filter(pl.col("external_id").is_not_null() & (pl.col("external_id") != 0))
-        .sort("event_id")
-        .unique(subset=["external_id"], keep="first")
+        .sort("uid")
+        .unique(subset=["rank", "external_id"], keep="first")
         .select(
+            "rank",
             pl.col("external_id").alias("_ext"),
             pl.col("event_id").alias("_ext_op"),
             pl.col("pid").alias("_ext_pid"),
@@ -122,7 +138,7 @@ def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
     )
     # External id 0 means "none" in Kineto
     ext = pl.coalesce(pl.col("_rt_ext").replace(0, None), pl.col("_gpu_ext").replace(0, None))
-    ops = ops.with_columns(ext.alias("_ext")).join(cpu_by_ext, on="_ext", how="left")
+    ops = ops.with_columns(ext.alias("_ext")).join(cpu_by_ext, on=["rank", "_ext"], how="left")
     has_rt = pl.col("runtime_event_id").is_not_null()
     # an External id link is trusted only if the operator encloses the runtime call on its thread
     ext_ok = pl.col("_ext_op").is_not_null() & (
@@ -136,16 +152,17 @@ def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
     ops = ops.with_columns(pl.when(ext_ok).then(pl.col("_ext_op")).alias("_ext_op"))
     # time fallback: innermost cpu_op enclosing the runtime call on the same thread
     need = ops.filter(pl.col("_ext_op").is_null() & has_rt).select(
+        "rank",
         pl.col("cpu_pid").alias("pid"),
         pl.col("cpu_tid").alias("tid"),
-        pl.col("event_id").alias("qid"),
+        pl.col("uid").alias("qid"),
         pl.col("runtime_ts_ns").alias("t"),
     )
-    intervals = cpu.select("pid", "tid", pl.col("event_id").alias("id"), "ts_ns", "end_ns")
-    by_time = enclosing(intervals, need, lane=("pid", "tid")).select(
-        pl.col("qid").alias("event_id"), pl.col("id").alias("_time_op")
+    intervals = cpu.select("rank", "pid", "tid", pl.col("event_id").alias("id"), "ts_ns", "end_ns")
+    by_time = enclosing(intervals, need, lane=("rank", "pid", "tid")).select(
+        pl.col("qid").alias("uid"), pl.col("id").alias("_time_op")
     )
-    ops = ops.join(by_time, on="event_id", how="left")
+    ops = ops.join(by_time, on="uid", how="left")
     ops = ops.with_columns(
         pl.coalesce("_ext_op", "_time_op").alias("cpu_op_event_id"),
         pl.when(pl.col("_ext_op").is_not_null())
@@ -156,17 +173,20 @@ def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
         .alias("link"),
     )
     cpu_cols = cpu.select(
+        "rank",
         *[pl.col(src).alias(dst) for src, dst in _CPU_COLS.items()],
         pl.col("pid").alias("_op_pid"),
         pl.col("tid").alias("_op_tid"),
     )
-    ops = ops.join(cpu_cols, on="cpu_op_event_id", how="left")
+    ops = ops.join(cpu_cols, on=["rank", "cpu_op_event_id"], how="left")
     ops = ops.with_columns(
         pl.coalesce("cpu_pid", "_op_pid").alias("cpu_pid"),
         pl.coalesce("cpu_tid", "_op_tid").alias("cpu_tid"),
         pl.coalesce("runtime_ts_ns", "cpu_op_ts_ns").alias("launch_ns"),
     )
     return ops.select(
+        "rank",
+        "uid",
         "event_id",
         "kind",
         "name",
@@ -184,7 +204,7 @@ def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
         *_CPU_COLS.values(),
         "link",
         "launch_ns",
-    ).sort("event_id")
+    ).sort("uid")
 
 
 def cpu_leaf_operators(events: pl.DataFrame) -> pl.DataFrame:
@@ -196,12 +216,16 @@ def cpu_leaf_operators(events: pl.DataFrame) -> pl.DataFrame:
     Same columns as ``link_gpu_operators``; the CPU operator of each row is the row itself.
     """
     cpu = _cpu_ops(events).filter(~pl.col("name").str.contains(METADATA_OPS))
-    par = parents(cpu.select("pid", "tid", pl.col("event_id").alias("id"), "ts_ns", "end_ns"), lane=("pid", "tid"))
-    has_child = par.filter(pl.col("parent_id").is_not_null()).select(pl.col("parent_id").alias("event_id")).unique()
-    leaves = cpu.join(has_child, on="event_id", how="anti")
+    par = parents(
+        cpu.select("rank", "pid", "tid", pl.col("uid").alias("id"), "ts_ns", "end_ns"), lane=("rank", "pid", "tid")
+    )
+    has_child = par.filter(pl.col("parent_id").is_not_null()).select(pl.col("parent_id").alias("uid")).unique()
+    leaves = cpu.join(has_child, on="uid", how="anti")
     work = events.filter((pl.col("kind") == "user_annotation") & pl.col("name").str.contains(CPU_COMM_WORK))
-    rows = pl.concat([leaves, work], how="vertical_relaxed").sort("event_id")
+    rows = pl.concat([leaves, work], how="vertical_relaxed").sort("uid")
     return rows.select(
+        "rank",
+        "uid",
         "event_id",
         "kind",
         "name",
@@ -227,19 +251,20 @@ def outermost_scope(events: pl.DataFrame, operators: pl.DataFrame, exclude: str 
 
     Args:
         events: the rank's events with ``end_ns``.
-        operators: frame with ``event_id``, ``cpu_pid``, ``cpu_tid``, ``launch_ns``.
+        operators: frame with ``rank``, ``uid``, ``cpu_pid``, ``cpu_tid``, ``launch_ns``.
         exclude: regex of annotation names that are not framework scopes (iteration markers).
     """
     ann = events.filter((pl.col("kind") == "user_annotation") & ~pl.col("name").str.contains(exclude))
     ann = ann.filter(~pl.col("name").str.contains(CPU_COMM_WORK))
     pts = operators.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
+        "rank",
         pl.col("cpu_pid").alias("pid"),
         pl.col("cpu_tid").alias("tid"),
-        pl.col("event_id").alias("qid"),
+        pl.col("uid").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )
-    iv = ann.select("pid", "tid", pl.col("event_id").alias("id"), "ts_ns", "end_ns")
-    hit = enclosing(iv, pts, lane=("pid", "tid"), outermost=True)
-    names = ann.select(pl.col("event_id").alias("id"), pl.col("name").alias("scope_name"))
-    hit = hit.join(names, on="id", how="left").select(pl.col("qid").alias("event_id"), "scope_name")
-    return operators.join(hit, on="event_id", how="left")
+    iv = ann.select("rank", "pid", "tid", pl.col("uid").alias("id"), "ts_ns", "end_ns")
+    hit = enclosing(iv, pts, lane=("rank", "pid", "tid"), outermost=True)
+    names = ann.select(pl.col("uid").alias("id"), pl.col("name").alias("scope_name"))
+    hit = hit.join(names, on="id", how="left").select(pl.col("qid").alias("uid"), "scope_name")
+    return operators.join(hit, on="uid", how="left")

@@ -1,7 +1,9 @@
-"""Decode one rank: events -> operators, collective instances, iteration spans (pure).
+"""Decode ranks: events -> operators, collective instances, iteration spans (pure).
 
-This is the per-rank half of decoding (bounded memory: one rank's events at a time); the cross-rank
-half (matching, clock alignment, best iteration) is ``tracecal.decode.align``.
+This is the per-rank half of decoding; the cross-rank half (matching, clock alignment, best
+iteration) is ``tracecal.decode.align``. Several small ranks can be decoded in one call (a batch):
+every step keys on ``rank`` (and the batch-wide ``uid``), so nothing crosses ranks, and the fixed
+cost of each frame operation is paid once per batch instead of once per rank.
 """
 
 from __future__ import annotations
@@ -13,36 +15,45 @@ import polars as pl
 from tracecal.decode.classify import assign_phases, component_expr
 from tracecal.decode.collectives import Layout, rank_collectives
 from tracecal.decode.iterations import assign_iterations, iteration_spans, iteration_windows
-from tracecal.decode.link import cpu_leaf_operators, has_gpu_activity, link_gpu_operators, outermost_scope, with_end
+from tracecal.decode.link import GPU_KINDS, cpu_leaf_operators, link_gpu_operators, outermost_scope, with_end
 from tracecal.decode.shapes import family_expr, shape_features
 from tracecal.schema import OPERATORS
 
 
 @dataclass(frozen=True)
 class RankDecode:
-    """What decoding one rank produces.
+    """What decoding one or more ranks produces.
 
     Attributes:
-        operators: ``schema.OPERATORS`` columns except run_id.
+        operators: ``schema.OPERATORS`` columns (run_id NULL).
         collectives: ``rank_collectives`` rows (not yet matched across ranks).
-        iterations: ``schema.ITERATIONS`` columns except run_id and aligned_* (rank filled).
-        gpu: the rank has GPU activity.
-        markers_found: iteration markers were found (else the capture is one iteration).
+        iterations: ``schema.ITERATIONS`` columns except run_id and aligned_* .
+        gpu_ranks: ranks with GPU activity (the others are CPU-only).
+        unmarked_ranks: ranks without iteration markers (their capture is one iteration).
     """
 
     operators: pl.DataFrame
     collectives: pl.DataFrame
     iterations: pl.DataFrame
-    gpu: bool
-    markers_found: bool
+    gpu_ranks: frozenset[int]
+    unmarked_ranks: frozenset[int]
+
+    @property
+    def gpu(self) -> bool:
+        """Some rank had GPU activity."""
+        return bool(self.gpu_ranks)
+
+    @property
+    def markers_found(self) -> bool:
+        """Every rank had iteration markers."""
+        return not self.unmarked_ranks
 
 
-def decode_rank(events: pl.DataFrame, *, rank: int, layout: Layout, marker: str | None = None) -> RankDecode:
-    """Decode one rank's events.
+def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = None) -> RankDecode:
+    """Decode the events of one or more ranks (a ``rank`` column tells them apart).
 
     Args:
-        events: the rank's rows of ``events`` (``schema.EVENTS`` columns; run_id ignored).
-        rank: the global rank.
+        events: rows of ``events`` (``schema.EVENTS`` columns; run_id ignored).
         layout: the run's parallel layout (for collective roles).
         marker: iteration-marker regex; None means ``ProfilerStep#N``.
 
@@ -50,26 +61,36 @@ def decode_rank(events: pl.DataFrame, *, rank: int, layout: Layout, marker: str 
         TraceFormatError: ``marker`` is not a valid regex.
     """
     ev = with_end(events)
-    gpu = has_gpu_activity(ev)
+    gpu_ranks = frozenset(ev.filter(pl.col("kind").is_in(GPU_KINDS))["rank"].unique().to_list())
+    on_gpu = pl.col("rank").is_in(list(gpu_ranks))
     windows = iteration_windows(ev, marker)
-    ops = link_gpu_operators(ev) if gpu else cpu_leaf_operators(ev)
+    parts = []
+    if gpu_ranks:
+        parts.append(link_gpu_operators(ev.filter(on_gpu)))
+    cpu_only = ev.filter(~on_gpu)
+    if cpu_only.height:
+        parts.append(cpu_leaf_operators(cpu_only))
+    ops = pl.concat(parts, how="vertical_relaxed")
     ops = outermost_scope(ev, ops)
-    when = ops.select(pl.col("event_id").alias("qid"), pl.coalesce("launch_ns", "ts_ns").alias("t"))
-    ops = ops.join(assign_iterations(when, windows).rename({"qid": "event_id"}), on="event_id", how="left")
+    when = ops.select("rank", pl.col("uid").alias("qid"), pl.coalesce("launch_ns", "ts_ns").alias("t"))
+    ops = ops.join(assign_iterations(when, windows).rename({"qid": "uid"}), on="uid", how="left")
     ops = ops.with_columns(family_expr("cpu_op_name", "name", "kind"))
     ops = assign_phases(ev, ops)
-    colls = rank_collectives(ev, ops, rank=rank, layout=layout, gpu=gpu)
-    ops = ops.join(colls.select("event_id", "role"), on="event_id", how="left")
-    # a comm-family operator that is not a collective instance (a c10d op on a CPU-only rank)
+    colls = rank_collectives(ev, ops, layout=layout, gpu_ranks=gpu_ranks)
+    ops = ops.join(colls.select("rank", "event_id", "role"), on=["rank", "event_id"], how="left")
     ops = ops.with_columns(component_expr())
     ops = shape_features(ops, name="cpu_op_name", concrete_inputs="cpu_concrete_inputs")
-    ops = ops.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"), pl.lit(None, dtype=pl.Utf8).alias("run_id"))
-    operators = ops.select(OPERATORS.column_names)
-    its = iteration_spans(windows, ops, gpu=gpu).with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank"))
+    ops = ops.with_columns(pl.col("rank").cast(pl.Int32), pl.lit(None, dtype=pl.Utf8).alias("run_id"))
+    its = iteration_spans(windows, ops, gpu_ranks=gpu_ranks)
     return RankDecode(
-        operators=operators,
+        operators=ops.select(OPERATORS.column_names).sort("rank", "event_id"),
         collectives=colls,
         iterations=its,
-        gpu=gpu,
-        markers_found=windows["marker"].null_count() == 0,
+        gpu_ranks=gpu_ranks,
+        unmarked_ranks=frozenset(windows.filter(pl.col("marker").is_null())["rank"].unique().to_list()),
     )
+
+
+def decode_rank(events: pl.DataFrame, *, rank: int, layout: Layout, marker: str | None = None) -> RankDecode:
+    """Decode one rank's events (``decode_ranks`` with the rank column set to ``rank``)."""
+    return decode_ranks(events.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank")), layout=layout, marker=marker)

@@ -19,7 +19,7 @@ import polars as pl
 
 from tracecal.decode.align import apply_offsets, best_iteration, clock_offsets, match_collectives
 from tracecal.decode.collectives import Layout
-from tracecal.decode.rank import decode_rank
+from tracecal.decode.rank import decode_ranks
 from tracecal.errors import RunNotFoundError
 from tracecal.schema import COLLECTIVES, ITERATIONS, OPERATORS, Table, arrow_schema
 from tracecal.sql.connection import query_arrow
@@ -58,6 +58,30 @@ class DecodeSummary:
     best_iteration: int | None
     best_iteration_ns: int | None
     seconds: float
+
+
+BATCH_EVENTS = 500_000
+"""Ranks are decoded together until their events reach this many rows: small ranks share the fixed
+cost of each frame operation, and a batch (or one large rank) bounds the memory held at once."""
+
+
+def _batches(sizes: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:
+    """Consecutive rank ranges ``(first, last)`` whose event counts add up to at most ``budget``
+    (a rank larger than the budget is a batch of its own)."""
+    out: list[tuple[int, int]] = []
+    first = last = -1
+    total = 0
+    for rank, n in sizes:
+        if total and total + n > budget:
+            out.append((first, last))
+            total = 0
+        if total == 0:
+            first = rank
+        total += n
+        last = rank
+    if total:
+        out.append((first, last))
+    return out
 
 
 def _insert(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame) -> None:
@@ -117,7 +141,7 @@ def decode_stored_run(
         con: an open database connection (the caller owns any transaction).
         run_id: a run whose ``runs``, ``ranks`` and ``events`` rows are stored.
         iteration_marker: regex delimiting iterations; None means ``ProfilerStep#N``.
-        on_rank: called with each rank after it is decoded (progress reporting).
+        on_rank: called with each rank after its batch is decoded (progress reporting).
 
     Raises:
         RunNotFoundError: the run is not in the database.
@@ -127,23 +151,25 @@ def decode_stored_run(
     layout, nodes, gpn = _layout(con, run_id)
     for table in (OPERATORS, COLLECTIVES, ITERATIONS):
         con.execute(f"DELETE FROM {table.name} WHERE run_id = ?", [run_id])  # name from schema
-    ranks = [r[0] for r in con.execute("SELECT rank FROM ranks WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()]
-    if not ranks:
-        ranks = [
-            r[0]
-            for r in con.execute("SELECT DISTINCT rank FROM events WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()
-        ]
+    sizes = con.execute(
+        "SELECT rank, count(*) FROM events WHERE run_id = ? GROUP BY rank ORDER BY rank", [run_id]
+    ).fetchall()
+    ranks = [r for r, _ in sizes]
     collectives: list[pl.DataFrame] = []
     iterations: list[pl.DataFrame] = []
     n_ops = unlinked = 0
     kernel_ns = linked_ns = 0
     markers = True
-    for rank in ranks:
+    for first, last in _batches(sizes, BATCH_EVENTS):
         events = pl.from_arrow(
-            query_arrow(con, "SELECT * FROM events WHERE run_id = ? AND rank = ? ORDER BY event_id", [run_id, rank])
+            query_arrow(
+                con,
+                "SELECT * FROM events WHERE run_id = ? AND rank BETWEEN ? AND ? ORDER BY rank, event_id",
+                [run_id, first, last],
+            )
         )
         assert isinstance(events, pl.DataFrame)
-        decoded = decode_rank(events, rank=rank, layout=layout, marker=iteration_marker)
+        decoded = decode_ranks(events, layout=layout, marker=iteration_marker)
         del events
         ops = decoded.operators.with_columns(pl.lit(run_id).alias("run_id"))
         _insert(con, OPERATORS, ops)
@@ -157,7 +183,9 @@ def decode_stored_run(
         markers = markers and decoded.markers_found
         del ops, kernels, decoded
         if on_rank is not None:
-            on_rank(rank)
+            for rank in ranks:
+                if first <= rank <= last:
+                    on_rank(rank)
 
     if not ranks:
         raise RunNotFoundError(f"run {run_id!r} has no stored ranks; re-ingest it (trace-ingest RUN_DIR)")
