@@ -1,6 +1,7 @@
 """Kineto ingest speed and memory: tracecal vs HolisticTraceAnalysis, in one run.
 
     python benchmarks/ingest_vs_hta.py ../shared/data/traces/kineto/dlrm_8rank ../shared/data/traces/kineto/single/*.gz
+    python benchmarks/ingest_vs_hta.py --scaling 8                 # 1 vs 2 workers on 8 copies of a 30 MB rank
     python benchmarks/ingest_vs_hta.py --stress --size-gb 1.0      # synthetic >= 1 GB rank from a real trace
 
 For each run (a directory of rank traces, or one trace file), each case runs in a fresh Python
@@ -35,6 +36,7 @@ from typing import Any
 
 SHARED_KINETO = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "kineto"
 STRESS_SOURCE = SHARED_KINETO / "single" / "a100_ddp_rank0_of_2.json.gz"
+SCALING_SOURCE = SHARED_KINETO / "single" / "v100_resnet50_2021_schema.pt.trace.json.gz"
 
 
 # --- measurement in a child process -----------------------------------------------------------------
@@ -268,6 +270,16 @@ def stress(size_gb: float, source: Path, keep: bool) -> None:
             tmp.rmdir()
 
 
+def scaling(copies: int, source: Path) -> None:
+    """1 vs 2 workers on a run of ``copies`` links to one real trace (ranks from the link names)."""
+    with tempfile.TemporaryDirectory(prefix="tracecal-scaling-") as tmp:
+        run = Path(tmp) / f"{copies}x_{source.name.split('.')[0]}"
+        run.mkdir()
+        for rank in range(copies):
+            os.symlink(source.resolve(), run / f"rank-{rank}.json.gz")
+        compare([run], with_hta=False)
+
+
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         _child(sys.argv[2], Path(sys.argv[3]))
@@ -279,13 +291,19 @@ def main() -> None:
     parser.add_argument("--size-gb", type=float, default=1.0)
     parser.add_argument("--source", type=Path, default=STRESS_SOURCE, help="real trace replicated by --stress")
     parser.add_argument("--keep", action="store_true", help="keep the stress file")
+    parser.add_argument("--scaling", type=int, metavar="N", help="1 vs 2 workers on N copies of --scaling-source")
+    parser.add_argument(
+        "--scaling-source", type=Path, default=SHARED_KINETO / "single" / "v100_resnet50_2021_schema.pt.trace.json.gz"
+    )
     args = parser.parse_args()
     if args.runs:
         compare(args.runs, with_hta=not args.no_hta)
+    if args.scaling:
+        scaling(args.scaling, args.scaling_source)
     if args.stress:
         stress(args.size_gb, args.source, args.keep)
-    if not args.runs and not args.stress:
-        parser.error("give run directories / trace files, or --stress")
+    if not args.runs and not args.stress and not args.scaling:
+        parser.error("give run directories / trace files, --scaling N or --stress")
 
 
 if __name__ == "__main__":
