@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from tracecal.samplers import cases, comm
+from tracecal.samplers import cases, comm, comm_launch
 from tracecal.samplers.grid import load_grid
 from tracecal.samplers.timing import summarize, time_call
 
@@ -70,7 +70,7 @@ def comm_startup(method: str) -> float:
         multiprocessing.get_all_start_methods = lambda: ["spawn"]  # type: ignore[assignment]
     try:
         start = time.perf_counter()
-        comm.spawn_local(settings, 2)
+        comm_launch.spawn_local(settings, 2)
         return time.perf_counter() - start
     finally:
         multiprocessing.get_all_start_methods = original  # type: ignore[assignment]

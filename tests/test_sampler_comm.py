@@ -16,9 +16,8 @@ from tracecal.samplers.comm import (
     load_comm_config,
     parse_size,
     plan,
-    spawn_local,
-    write_parquet,
 )
+from tracecal.samplers.comm_launch import _free_port, spawn_local, write_parquet
 from tracecal.sql.connection import open_database
 from tracecal.sql.samples import import_parquet, write_samples
 
@@ -91,8 +90,6 @@ def test_the_torchrun_entry_point_writes_rank0_samples(tmp_path: Path) -> None:
     """`torchrun -m tracecal.samplers.comm` as the README shows it: 2 gloo ranks, rank 0 writes."""
     import subprocess
     import sys
-
-    from tracecal.samplers.comm import _free_port
 
     out = tmp_path / "comm.parquet"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),

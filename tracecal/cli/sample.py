@@ -132,7 +132,7 @@ def comm(
     with user_errors():
         import argparse
 
-        from tracecal.samplers import comm as sampler
+        from tracecal.samplers import comm_launch as sampler
         from tracecal.sql.connection import open_database
         from tracecal.sql.samples import existing_sample_ids, write_samples
 

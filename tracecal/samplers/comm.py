@@ -5,8 +5,8 @@ Run it on a cluster under torchrun (NCCL on GPUs, gloo on CPUs)::
     torchrun --nnodes 2 --nproc-per-node 4 -m tracecal.samplers.comm --cluster perlmutter \\
         --config comm-sweep --db tracecal.duckdb          # or --output samples.parquet
 
-or on one machine without torchrun: ``spawn_local(settings, world_size)`` (``tracecal sample comm``)
-starts ``world_size`` gloo processes on localhost.
+or on one machine without torchrun: ``comm_launch.spawn_local(settings, world_size)`` (``tracecal sample
+comm``) forks ``world_size`` gloo processes on localhost. This module samples; ``comm_launch`` starts ranks.
 
 Timing (SPEC §6.1): for every (collective, size) each rank runs ``warmup`` untimed calls, then for
 each repeat all ranks meet at a barrier and time one call (CUDA events on GPU, ``perf_counter_ns`` on
@@ -31,15 +31,12 @@ CPU-only machine this project is built on.
 
 from __future__ import annotations
 
-import argparse
-import multiprocessing
 import os
 import socket
 import sys
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -379,187 +376,7 @@ def _row(
     return row
 
 
-# --- local spawn (CPU, CI) -------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _spawned_rank(rank: int, world: int, port: int, settings: CommSettings, skip: frozenset[str], out: str) -> None:
-    import pyarrow.parquet as pq
-    import torch
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
-    torch.set_num_threads(1)  # world_size processes share the machine's cores
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(minutes=10))
-    try:
-        table = run_rank(settings, skip)
-        if table is not None:
-            pq.write_table(table, out)
-    finally:
-        dist.destroy_process_group()
-
-
-def spawn_local(settings: CommSettings, world_size: int, skip_ids: frozenset[str] = frozenset()) -> pa.Table:
-    """Run the sampler in ``world_size`` local gloo processes; return rank 0's rows.
-
-    Raises:
-        SampleError: bad settings, world size below 2, or a rank failed (its first error line).
-    """
-    import pyarrow.parquet as pq
-    import torch.multiprocessing as mp
-
-    settings.check()
-    if world_size < 2:
-        raise SampleError(f"--world-size must be at least 2 for collectives (got {world_size})")
-    with tempfile.TemporaryDirectory(prefix="tracecal-comm-") as tmp:
-        out = str(Path(tmp) / "rank0.parquet")
-        try:
-            mp.start_processes(
-                _spawned_rank,
-                args=(world_size, _free_port(), settings, skip_ids, out),
-                nprocs=world_size,
-                join=True,
-                # fork: the ranks inherit the imported torch instead of importing it again (seconds
-                # per rank); spawn where fork does not exist.
-                start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn",
-            )
-        except mp.ProcessRaisedException as exc:
-            lines = [ln for ln in str(exc).splitlines() if ln.strip()]
-            raise SampleError(f"a comm sampler rank failed: {lines[-1] if lines else exc}") from exc
-        except mp.ProcessExitedException as exc:
-            raise SampleError(f"a comm sampler rank died: {exc}") from exc
-        return pq.read_table(out) if Path(out).exists() else pa.Table.from_pylist([], schema=arrow_schema(SAMPLES))
-
-
-# --- torchrun entry point --------------------------------------------------------------------------
-
-
-def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m tracecal.samplers.comm",
-        description="Sample collectives under torchrun (NCCL on GPUs, gloo on CPUs); rank 0 stores the samples.",
-    )
-    parser.add_argument("--cluster", required=True, help="cluster the samples belong to")
-    parser.add_argument("--config", help="comm config YAML (path or shipped name, e.g. comm-sweep)")
-    parser.add_argument("--sizes", help="comma-separated sizes in bytes (64K, 1M, ...); overrides the config")
-    parser.add_argument("--collectives", help=f"comma-separated subset of {','.join(COLLECTIVES)}")
-    parser.add_argument("--groups", help="comma-separated groups: world, node:G, cross-node (default: world)")
-    parser.add_argument("--dtype", help="float32, float16 or bfloat16 (default: float16 on GPU, float32 on CPU)")
-    parser.add_argument("--repeats", type=int)
-    parser.add_argument("--warmup", type=int)
-    parser.add_argument("--backend", choices=["nccl", "gloo"], help="default: nccl when CUDA is available")
-    dest = parser.add_mutually_exclusive_group(required=True)
-    dest.add_argument("--db", type=Path, help="DuckDB database rank 0 writes the samples to")
-    dest.add_argument("--output", type=Path, help="Parquet file rank 0 writes (load with `tracecal samples import`)")
-    return parser.parse_args(argv)
-
-
-def settings_from_args(args: argparse.Namespace, cuda: bool) -> CommSettings:
-    """CommSettings from the entry point's arguments (config first, flags override)."""
-    base = load_comm_config(args.config, args.cluster) if args.config else CommSettings(cluster=args.cluster)
-    changes: dict[str, Any] = {}
-    if args.sizes:
-        changes["sizes_bytes"] = tuple(parse_size(s) for s in args.sizes.split(","))
-    if args.collectives:
-        changes["collectives"] = tuple(c.strip() for c in args.collectives.split(","))
-    if getattr(args, "groups", None):
-        changes["groups"] = tuple(g.strip() for g in args.groups.split(","))
-    if args.dtype or not args.config:
-        changes["dtype"] = args.dtype or ("float16" if cuda else "float32")
-    for key in ("repeats", "warmup"):
-        if getattr(args, key) is not None:
-            changes[key] = getattr(args, key)
-    settings = CommSettings(**{**base.__dict__, **changes})
-    settings.check()
-    return settings
-
-
-def under_torchrun() -> bool:
-    """True when this process is one rank of a torchrun/torch.distributed launch."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-
-
-def run_distributed(settings: CommSettings, backend: str, db: Path | None, output: Path | None) -> int | None:
-    """Join the launcher's process group, sample, and on rank 0 write to ``db`` or ``output``.
-
-    Returns the rows written on rank 0, None on other ranks. Rank 0 skips points already stored in
-    ``db`` (resume) and tells the other ranks which.
-    """
-    import torch.distributed as dist
-
-    if (db is None) == (output is None):
-        raise SampleError("give exactly one of --db or --output for rank 0 to write to")
-    settings.check()
-    if backend == "nccl":  # bind this rank to its GPU before NCCL creates its communicator
-        import torch
-
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend)
-    try:
-        skip: list[Any] = [frozenset()]
-        if dist.get_rank() == 0 and db is not None and db.exists():
-            from tracecal.sql.connection import open_database
-            from tracecal.sql.samples import existing_sample_ids
-
-            with open_database(db, read_only=True) as con:
-                skip = [frozenset(existing_sample_ids(con, settings.cluster))]
-        dist.broadcast_object_list(skip, src=0)
-        table = run_rank(settings, skip[0])
-    finally:
-        dist.destroy_process_group()
-    if table is None:
-        return None
-    if db is not None:
-        from tracecal.sql.connection import open_database
-        from tracecal.sql.samples import write_samples
-
-        with open_database(db) as con:
-            return write_samples(con, table, origin="comm sampler")
-    assert output is not None
-    write_parquet(table, output)
-    return table.num_rows
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """torchrun entry point: every rank samples, rank 0 writes to ``--db`` or ``--output``."""
-    import torch
-
-    args = _parse_args(argv)
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    try:
-        settings = settings_from_args(args, backend == "nccl")
-        written = run_distributed(settings, backend, args.db, args.output)
-    except SampleError as exc:
-        sys.stderr.write(f"error: {exc}\n")
-        return 2
-    if written is not None:
-        sys.stderr.write(f"{written} comm samples written to {args.db or args.output} (cluster {settings.cluster})\n")
-    return 0
-
-
-def write_parquet(table: pa.Table, path: Path) -> None:
-    """Write sample rows as a Parquet file ``tracecal samples import`` reads (atomically renamed)."""
-    import pyarrow.parquet as pq
-
-    from tracecal.schema import SCHEMA_VERSION
-    from tracecal.sql.samples import PARQUET_META_SCHEMA, PARQUET_META_TABLE, conform_samples
-
-    table = conform_samples(table, origin=str(path)).replace_schema_metadata(
-        {PARQUET_META_TABLE: b"samples", PARQUET_META_SCHEMA: str(SCHEMA_VERSION).encode()}
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    try:
-        pq.write_table(table, partial)
-        partial.replace(path)
-    finally:
-        partial.unlink(missing_ok=True)
-
-
 if __name__ == "__main__":
+    from tracecal.samplers.comm_launch import main
+
     sys.exit(main())
