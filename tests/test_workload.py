@@ -31,6 +31,7 @@ from tracecal.samplers.workload.train import plan_buckets
         ({"steps": 2}, "leaves no profiled step"),
         ({"dp": 0}, "--dp must be at least 1"),
         ({"dtype": "float8"}, "--dtype 'float8' is not supported"),
+        ({"threads": -1}, "--threads must be 0"),
     ],
 )
 def test_inconsistent_configs_are_rejected_with_the_values(changes: dict, message: str) -> None:
@@ -63,7 +64,9 @@ def test_expected_counts_per_step() -> None:
 
 
 def test_rank_command_line_round_trips_the_config() -> None:
-    cfg = WorkloadConfig(pp=4, tp=2, dp=3, layers=8, lr=3e-4, dtype="bfloat16", model="gpt_x", timeout_s=12.5)
+    cfg = WorkloadConfig(
+        pp=4, tp=2, dp=3, layers=8, lr=3e-4, dtype="bfloat16", model="gpt_x", timeout_s=12.5, threads=3
+    )
     ns = argument_parser().parse_args([*config_args(cfg), "--out", "somewhere"])
     assert config_from_args(ns) == cfg
     assert ns.out == Path("somewhere")

@@ -32,7 +32,8 @@ TINY = WorkloadConfig(
     layers=2, hidden=64, heads=4, seq=32, vocab=256, micro_batches=4, micro_batch_size=2, steps=4, timeout_s=120
 )
 LAYOUTS = {
-    "ref": replace(TINY, pp=1),
+    # one thread: on a busy 2-core machine two OpenMP threads can be several times slower than one
+    "ref": replace(TINY, pp=1, threads=1),
     "pp2": replace(TINY, pp=2),
     "tp2": replace(TINY, pp=1, tp=2),
     # the global batch stays 8 samples: 2 replicas x 2 micro-batches x 2
@@ -49,7 +50,7 @@ def _cli_args(cfg: WorkloadConfig, out: Path) -> list[str]:
             "--layers", str(cfg.layers), "--hidden", str(cfg.hidden), "--heads", str(cfg.heads),
             "--seq", str(cfg.seq), "--vocab", str(cfg.vocab), "--micro-batches", str(cfg.micro_batches),
             "--micro-batch-size", str(cfg.micro_batch_size), "--steps", str(cfg.steps),
-            "--timeout-s", str(cfg.timeout_s), "--out", str(out)]  # fmt: skip
+            "--timeout-s", str(cfg.timeout_s), "--threads", str(cfg.threads), "--out", str(out)]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +209,8 @@ def test_run_json_describes_the_run(runs: dict[str, Path]) -> None:
     }  # fmt: skip
     assert {k: meta[k] for k in expected} == expected
     assert meta["profile"]["profiled_steps"] == [2, 3]
+    assert meta["threads_per_rank"] == 1  # automatic: 2 cores // 4 ranks, at least 1
+    assert json.loads((runs["ref"] / "run.json").read_text())["threads_per_rank"] == 1  # --threads 1
     assert WorkloadConfig.from_dict(meta["config"]) == LAYOUTS["pp2tp2"]
     assert [r["trace"] for r in meta["ranks"]] == [f"rank{r}.pt.trace.json.gz" for r in range(4)]
 

@@ -40,6 +40,9 @@ def run(
     seed: Annotated[int, typer.Option(help="Seed of weights and data.")] = _D.seed,
     model: Annotated[str, typer.Option(help="Model name recorded in run.json.")] = _D.model,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="Stop every rank after this long.")] = _D.timeout_s,
+    threads: Annotated[
+        int, typer.Option(help="CPU threads per rank; 0: cores // ranks (1 can be faster on a busy machine).")
+    ] = _D.threads,
     force: Annotated[bool, typer.Option("--force", help="Replace a run already in --out.")] = False,
 ) -> None:
     """Spawn pp*tp*dp ranks on this machine (gloo on CPU), train, and write one torch.profiler trace
@@ -66,6 +69,7 @@ def run(
             seed=seed,
             model=model,
             timeout_s=timeout_s,
+            threads=threads,
         ).validate()
         if stderr.is_terminal:
             stderr.print(f"training {cfg.world_size} ranks (pp={pp} tp={tp} dp={dp}) into {out} ...")

@@ -35,6 +35,10 @@ class WorkloadConfig:
 
     ``bucket_bytes`` caps the size of one data-parallel gradient all-reduce (gradients are packed
     into buckets in reverse parameter order, as DDP and Megatron do).
+
+    ``threads`` is the CPU threads per rank; 0 means ``max(1, cores // ranks on the node)``. On a
+    machine already busy with other work, 1 can be much faster than 2 (OpenMP threads that wait for
+    each other on oversubscribed cores).
     """
 
     pp: int = 2
@@ -59,6 +63,7 @@ class WorkloadConfig:
     backend: str = "auto"
     model: str = "gpt_tiny"
     timeout_s: float = 300.0
+    threads: int = 0
 
     # --- derived sizes -------------------------------------------------------------------------------
 
@@ -104,6 +109,8 @@ class WorkloadConfig:
                 raise WorkloadError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
         if self.vocab < 2:
             raise WorkloadError(f"--vocab must be at least 2 (got {self.vocab})")
+        if self.threads < 0:
+            raise WorkloadError(f"--threads must be 0 (automatic) or more (got {self.threads})")
         if self.profile_wait < 0 or self.profile_warmup < 0:
             raise WorkloadError("profile wait and warm-up steps cannot be negative")
         if self.layers % self.pp:

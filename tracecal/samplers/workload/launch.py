@@ -169,7 +169,7 @@ def _spawn_and_wait(cfg: WorkloadConfig, staging: Path, logs: Path, limit: float
         LOCAL_WORLD_SIZE=str(world),
         GROUP_RANK="0",
         # One rank's share of the cores, for OpenMP/MKL before torch.set_num_threads takes over.
-        OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // world)),
+        OMP_NUM_THREADS=str(cfg.threads or max(1, (os.cpu_count() or 1) // world)),
     )
     cmd = [sys.executable, "-m", "tracecal.samplers.workload", *config_args(cfg), "--out", str(staging)]
     procs: list[subprocess.Popen[bytes]] = []

@@ -104,7 +104,7 @@ def train_rank(cfg: WorkloadConfig, out_dir: Path) -> dict[str, Any] | None:
     """
     cfg.validate()
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
-    threads = threads_per_rank(local_world)
+    threads = cfg.threads or threads_per_rank(local_world)
     torch.set_num_threads(threads)
     torch.manual_seed(cfg.seed)
     state = init_parallel(cfg)
