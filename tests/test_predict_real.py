@@ -15,7 +15,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import KINETO
+from tests.conftest import KINETO, NSYS
 from tracecal.cli.main import app
 from tracecal.predict.components import ALL_COMPONENTS
 from tracecal.predict.run import predict_iteration
@@ -181,3 +181,35 @@ def test_cli_validate_markdown_csv_and_figures(dlrm_db: Path, tmp_path: Path) ->
     assert table.columns == ["component", "dlrm_8rank"]
     overall = table.filter(pl.col("component") == "overall")["dlrm_8rank"][0]
     assert overall == 0.0
+
+
+OTHER_TRACES = [
+    KINETO / "sampled_2_of_128",
+    KINETO / "single" / "a100_ddp_rank0_of_2.json.gz",
+    KINETO / "single" / "cpu_gloo_rank-34_of_300.pt.trace.json.gz",
+    KINETO / "single" / "mi300x_ddp_resnet_rank0_of_8.json.gz",
+    KINETO / "single" / "h100_bert_small_inference.json.gz",
+    KINETO / "single" / "v100_resnet50_2021_schema.pt.trace.json.gz",
+    NSYS / "mfu_2gpu_after.sqlite.gz",
+    NSYS / "mock.sqlite.gz",
+]
+
+
+@pytest.fixture(scope="module")
+def shared_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("shared") / "shared.duckdb"
+    with open_database(db) as con:
+        ingest_runs(con, OTHER_TRACES, IngestOptions(workers=1))
+    return db
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trace", OTHER_TRACES, ids=lambda p: p.name.split(".")[0])
+def test_every_shared_trace_replays_exactly(shared_db: Path, trace: Path) -> None:
+    """Sampled Kineto (no flows), 2021/2022/2024 schemas, ROCm, CPU-only gloo, inference, Nsight."""
+    run_id = trace.name.split(".")[0] if trace.is_file() else trace.name
+    with open_database(shared_db, read_only=True) as con:
+        stored = load_iteration(con, run_id)
+    prediction = predict_iteration(stored.inputs)
+    assert np.array_equal(prediction.replayed, prediction.graph.measured_times)
+    _assert_fidelity(prediction, stored.measured_iteration_ns)
