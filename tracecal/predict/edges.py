@@ -110,13 +110,14 @@ def infer_edges(nodes: pl.DataFrame) -> tuple[EdgeBuilder, np.ndarray]:
 def _absorb_slack(t: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> np.ndarray:
     """Add each point's unexplained delay to its binding edge, so measured replay is exact."""
     val = t[src] + lag
-    order = np.lexsort((val, dst))
-    d_sorted = dst[order]
-    last = np.flatnonzero(np.r_[d_sorted[1:] != d_sorted[:-1], True])
-    binding = order[last]
-    slack = t[dst[binding]] - val[binding]
+    best = np.full(t.size, NO_TIME, dtype=np.int64)
+    np.maximum.at(best, dst, val)
+    binding = np.full(t.size, -1, dtype=np.int64)
+    tight = np.flatnonzero(val == best[dst])
+    binding[dst[tight]] = tight  # one binding edge per point (any of the tied ones)
+    points = np.flatnonzero(binding >= 0)
     lag = lag.copy()
-    lag[binding] += np.maximum(slack, 0)
+    lag[binding[points]] += np.maximum(t[points] - best[points], 0)
     return lag
 
 
