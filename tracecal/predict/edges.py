@@ -149,7 +149,9 @@ def _lane_chain(nodes: pl.DataFrame, mask: pl.Expr, lane: str) -> tuple[np.ndarr
     )
     if sub.height == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
-    key = sub.select(pl.struct("rank", lane).rank("dense")).to_series().to_numpy()
+    rank = sub["rank"].to_numpy()
+    lanes = sub[lane].to_numpy()
+    key = np.cumsum(np.r_[True, (rank[1:] != rank[:-1]) | (lanes[1:] != lanes[:-1])])  # sorted: runs = lanes
     prev = chain_predecessors(key, sub["start_ns"].to_numpy(), sub["end_ns"].to_numpy())
     node = sub["node"].to_numpy()
     ok = prev >= 0
