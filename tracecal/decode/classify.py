@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracecal.decode.nesting import covered
+from tracecal.decode.nesting import covered, names_like
 
 AUTOGRAD = r"Backward\d*\b|Backward\d*$|autograd::engine::evaluate_function"
 OPTIMIZER_SCOPE = (
@@ -58,10 +58,10 @@ def _evidence(events: pl.DataFrame, pts: pl.DataFrame) -> pl.DataFrame:
     """
     scopes = events.filter(pl.col("kind").is_in(_SCOPE_KINDS))
     sets = [
-        ("_autograd", events.filter((pl.col("kind") == "cpu_op") & pl.col("name").str.contains(AUTOGRAD)), True),
-        ("_opt", scopes.filter(pl.col("name").str.contains(OPTIMIZER_SCOPE)), False),
-        ("_bwd", scopes.filter(pl.col("name").str.contains(BACKWARD_SCOPE)), False),
-        ("_fwd", scopes.filter(pl.col("name").str.contains(FORWARD_SCOPE)), False),
+        ("_autograd", events.filter((pl.col("kind") == "cpu_op") & names_like(events, AUTOGRAD)), True),
+        ("_opt", scopes.filter(names_like(events, OPTIMIZER_SCOPE)), False),
+        ("_bwd", scopes.filter(names_like(events, BACKWARD_SCOPE)), False),
+        ("_fwd", scopes.filter(names_like(events, FORWARD_SCOPE)), False),
     ]
     iv_parts, pt_parts = [], []
     for tag, frame, per_thread in sets:

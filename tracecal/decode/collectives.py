@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import orjson
 import polars as pl
 
-from tracecal.decode.nesting import covered, enclosing
+from tracecal.decode.nesting import covered, enclosing, names_like
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
 
 COMM_KERNEL = r"(?i)^(nccl|rccl)\w*Kernel|^ncclDevKernel|^ncclKernel"
@@ -213,7 +213,7 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
         pl.col("launch_ns").alias("t"),
     )
     for tag, kind, pattern in _CONTEXT:
-        src = events.filter((pl.col("kind") == kind) & pl.col("name").str.contains(pattern))
+        src = events.filter((pl.col("kind") == kind) & names_like(events, pattern))
         iv_parts.append(
             src.select("rank", "pid", "tid", pl.lit(tag).alias("tag"), pl.col("uid").alias("id"), "ts_ns", "end_ns")
         )
@@ -297,7 +297,7 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     )
     iv = pl.concat(
         [
-            scopes.filter(pl.col("name").str.contains(pat)).select(
+            scopes.filter(names_like(events, pat)).select(
                 "rank", "pid", "tid", pl.lit(tag).alias("tag"), pl.col("uid").alias("id"), "ts_ns", "end_ns"
             )
             for tag, pat in sets
@@ -325,6 +325,24 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
         .join(roles, on="qid", how="left")
         .join(dirs, on="qid", how="left")
         .rename({"qid": "uid"})
+    )
+
+
+_ROW_SCHEMA = {
+    "rank": pl.Int32, "event_id": pl.Int64, "name": pl.Utf8, "ts_ns": pl.Int64, "dur_ns": pl.Int64,
+    "dtype": pl.Utf8,
+    "pg_name": pl.Utf8, "pg_ranks": pl.Utf8, "peer": pl.Int32, "role": pl.Utf8, "iteration": pl.Int32,
+    "stream": pl.Int32, "algbw_gbps": pl.Float64, "busbw_gbps": pl.Float64, "size_bytes": pl.Int64,
+    "group_size": pl.Int32, "coll_seq": pl.Int64, "_inferred": pl.Utf8, "linked": pl.Boolean,
+}  # fmt: skip
+"""Columns of a collective row before group keys and sequence numbers are added."""
+
+
+def _empty_collectives() -> pl.DataFrame:
+    return pl.DataFrame(schema=_ROW_SCHEMA).with_columns(
+        pl.lit(None, dtype=pl.Utf8).alias("group_key"),
+        pl.lit(None, dtype=pl.Int64).alias("end_ns"),
+        pl.lit(None, dtype=pl.Int64).alias("seq_in_group"),
     )
 
 
@@ -364,6 +382,8 @@ def rank_collectives(
         "cpu_tid",
         "scope_name",
     )
+    if inst.height == 0:
+        return _empty_collectives()
     if inst.filter(~on_gpu).height:
         inst = pl.concat([inst.filter(on_gpu), _link_cpu_work(events, inst.filter(~on_gpu))], how="vertical_relaxed")
     own_cols = [
@@ -469,13 +489,7 @@ def rank_collectives(
                 "linked": r["launch_ns"] is not None,
             }
         )
-    schema = {
-        "rank": pl.Int32, "event_id": pl.Int64, "name": pl.Utf8, "ts_ns": pl.Int64, "dur_ns": pl.Int64,
-        "dtype": pl.Utf8,
-        "pg_name": pl.Utf8, "pg_ranks": pl.Utf8, "peer": pl.Int32, "role": pl.Utf8, "iteration": pl.Int32,
-        "stream": pl.Int32, "algbw_gbps": pl.Float64, "busbw_gbps": pl.Float64, "size_bytes": pl.Int64,
-        "group_size": pl.Int32, "coll_seq": pl.Int64, "_inferred": pl.Utf8, "linked": pl.Boolean,
-    }  # fmt: skip
+    schema = _ROW_SCHEMA
     out = pl.DataFrame(records, schema=schema, orient="row")
     out = out.with_columns(
         pl.coalesce(pl.col("pg_name"), pl.col("pg_ranks"), pl.col("_inferred"), pl.lit("default")).alias("group_key"),

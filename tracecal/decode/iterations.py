@@ -15,7 +15,7 @@ from collections.abc import Collection
 
 import polars as pl
 
-from tracecal.decode.nesting import enclosing
+from tracecal.decode.nesting import enclosing, names_like
 from tracecal.errors import TraceFormatError
 
 DEFAULT_MARKER = r"^ProfilerStep#(\d+)$"
@@ -67,7 +67,7 @@ def iteration_windows(events: pl.DataFrame, marker: str | None = None) -> pl.Dat
         compiled = re.compile(pattern)
     except re.error as exc:
         raise TraceFormatError(f"--iteration-marker {pattern!r} is not a valid regex: {exc}") from exc
-    cands = events.filter(pl.col("kind").is_in(_MARKER_KINDS) & pl.col("name").str.contains(pattern)).sort(
+    cands = events.filter(pl.col("kind").is_in(_MARKER_KINDS) & names_like(events, pattern)).sort(
         "rank", "ts_ns", "event_id"
     )
     # nested or repeated matches (a framework marker inside a python frame of the same name): keep

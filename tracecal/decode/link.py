@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracecal.decode.nesting import enclosing, parents
+from tracecal.decode.nesting import enclosing, names_like, parents
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
 RUNTIME_KINDS = ("cuda_runtime", "cuda_driver")
@@ -56,7 +56,7 @@ def with_end(events: pl.DataFrame) -> pl.DataFrame:
 
 
 def _cpu_ops(events: pl.DataFrame) -> pl.DataFrame:
-    return events.filter((pl.col("kind") == "cpu_op") & ~pl.col("name").str.contains(PROFILER_STEP))
+    return events.filter((pl.col("kind") == "cpu_op") & ~names_like(events, PROFILER_STEP))
 
 
 def has_gpu_activity(events: pl.DataFrame) -> bool:
@@ -215,13 +215,13 @@ def cpu_leaf_operators(events: pl.DataFrame) -> pl.DataFrame:
 
     Same columns as ``link_gpu_operators``; the CPU operator of each row is the row itself.
     """
-    cpu = _cpu_ops(events).filter(~pl.col("name").str.contains(METADATA_OPS))
+    cpu = _cpu_ops(events).filter(~names_like(events, METADATA_OPS))
     par = parents(
         cpu.select("rank", "pid", "tid", pl.col("uid").alias("id"), "ts_ns", "end_ns"), lane=("rank", "pid", "tid")
     )
     has_child = par.filter(pl.col("parent_id").is_not_null()).select(pl.col("parent_id").alias("uid")).unique()
     leaves = cpu.join(has_child, on="uid", how="anti")
-    work = events.filter((pl.col("kind") == "user_annotation") & pl.col("name").str.contains(CPU_COMM_WORK))
+    work = events.filter((pl.col("kind") == "user_annotation") & names_like(events, CPU_COMM_WORK))
     rows = pl.concat([leaves, work], how="vertical_relaxed").sort("uid")
     return rows.select(
         "rank",
@@ -254,8 +254,8 @@ def outermost_scope(events: pl.DataFrame, operators: pl.DataFrame, exclude: str 
         operators: frame with ``rank``, ``uid``, ``cpu_pid``, ``cpu_tid``, ``launch_ns``.
         exclude: regex of annotation names that are not framework scopes (iteration markers).
     """
-    ann = events.filter((pl.col("kind") == "user_annotation") & ~pl.col("name").str.contains(exclude))
-    ann = ann.filter(~pl.col("name").str.contains(CPU_COMM_WORK))
+    ann = events.filter((pl.col("kind") == "user_annotation") & ~names_like(events, exclude))
+    ann = ann.filter(~names_like(ann, CPU_COMM_WORK))
     pts = operators.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
         "rank",
         pl.col("cpu_pid").alias("pid"),

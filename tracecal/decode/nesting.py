@@ -169,3 +169,14 @@ def parents(intervals: pl.DataFrame, *, lane: Sequence[str] = ("tid",)) -> pl.Da
         & (pl.col("ts_ns") < pl.col("_pend"))
     )
     return hit.select("id", pl.when(ok).then(pl.col("parent_id")).alias("parent_id"), "depth").collect()
+
+
+def names_like(frame: pl.DataFrame, pattern: str) -> pl.Expr:
+    """``pl.col("name").str.contains(pattern)``, evaluated once per distinct name of ``frame``.
+
+    Traces repeat a few thousand names millions of times; matching the distinct names and testing
+    membership is much cheaper than running the regex on every row. The expression is valid on
+    ``frame`` and on any frame whose names are a subset of its names.
+    """
+    names = frame.get_column("name").unique()
+    return pl.col("name").is_in(names.filter(names.str.contains(pattern)).implode())
