@@ -193,3 +193,39 @@ def test_optimizer_samples_match_the_fused_kernel_call_of_a_real_trace(tmp_path:
     assert fused, "the step must run one multi-tensor kernel over the TensorList"
     traced = shape_row(fused[0]["name"], fused[0]["args"]["Input Dims"], fused[0]["args"]["Input type"])
     assert traced["params"] == cases.shape_columns(point)["params"] == 1000
+
+
+def test_cuda_timing_orders_flush_events_and_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA path's logic on a CPU machine, with torch.cuda stood in by a recorder: the L2 flush is
+    queued before each start event, the device is synchronised before the first and after the last
+    repeat, and each pair's elapsed milliseconds come back as nanoseconds."""
+    import torch
+
+    from tracecal.samplers import timing
+
+    log: list[str] = []
+
+    class Event:
+        count = 0
+
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            Event.count += 1
+            self.t = Event.count
+
+        def record(self) -> None:
+            log.append("record")
+
+        def elapsed_time(self, end: Event) -> float:
+            return 0.5 * (end.t - self.t)  # ms
+
+    class Flush:
+        def zero_(self) -> None:
+            log.append("flush")
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: log.append("sync"))
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: Flush())
+    durations = timing.time_call(lambda: log.append("call"), "cuda", warmup=1, repeats=2)
+    assert log == ["call", "sync", "flush", "record", "call", "record", "flush", "record", "call", "record", "sync"]
+    assert durations == [0.5e6, 0.5e6]

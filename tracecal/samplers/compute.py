@@ -25,7 +25,7 @@ import pyarrow as pa
 from tracecal.errors import SampleError
 from tracecal.samplers import cases
 from tracecal.samplers.grid import GridPoint
-from tracecal.samplers.timing import SamplerEnv, sampler_env, summarize, time_call
+from tracecal.samplers.timing import L2_FLUSH_BYTES, SamplerEnv, sampler_env, summarize, time_call
 from tracecal.schema import SAMPLES, arrow_schema
 from tracecal.sql.samples import existing_sample_ids, sample_id, write_samples
 
@@ -195,6 +195,7 @@ def _measure(
         params["threads"] = torch.get_num_threads()
     else:  # fp32 GEMMs differ several-fold with TF32: say which was timed
         params["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+        params["l2_flush_bytes"] = L2_FLUSH_BYTES
     params.update(built.params)
     if extra_params is not None:
         params.update(extra_params(point))

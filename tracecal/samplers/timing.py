@@ -7,7 +7,10 @@ Contract: ``time_call(fn, device, warmup, repeats)`` runs ``fn`` ``warmup`` time
 - CUDA: one pair of CUDA events per repeat recorded on the current stream around the call, one
   ``torch.cuda.synchronize()`` after the last repeat, then ``Event.elapsed_time`` (ms, float) for each
   pair. The device is synchronised before the first timed repeat so warm-up work queued on the stream
-  is not billed to repeat 0. (Written for GPUs; only the CPU path runs on this project's CI machine.)
+  is not billed to repeat 0. Before each repeat (outside its events) a ``flush_bytes`` buffer is
+  zeroed, so the call does not find its inputs in L2 from the previous repeat — in training the
+  preceding kernels have evicted them (Triton's ``do_bench`` does the same). (Written for GPUs; only
+  the CPU path runs on this project's CI machine.)
 
 ``summarize(durations_ns)`` turns durations into the statistics stored in ``samples``: median, min,
 inter-quartile range (NULL for a single repeat) and n.
@@ -55,14 +58,21 @@ def summarize(durations_ns: Sequence[float]) -> TimingStats:
     return TimingStats(statistics.median(values), values[0], iqr, len(values))
 
 
-def time_call(fn: Callable[[], Any], device: str, warmup: int, repeats: int) -> list[float]:
-    """Per-repeat durations of ``fn()`` in ns on ``device`` ("cpu" or "cuda[:i]")."""
+L2_FLUSH_BYTES = 256 << 20
+"""Zeroed between CUDA repeats: larger than the L2 of current GPUs (A100 40 MB, H100 50 MB)."""
+
+
+def time_call(
+    fn: Callable[[], Any], device: str, warmup: int, repeats: int, flush_bytes: int = L2_FLUSH_BYTES
+) -> list[float]:
+    """Per-repeat durations of ``fn()`` in ns on ``device`` ("cpu" or "cuda[:i]"); ``flush_bytes``
+    (CUDA only, 0 = off) is the cache-flush buffer zeroed before each repeat."""
     if repeats < 1 or warmup < 0:
         raise SampleError(f"need --repeats ≥ 1 and --warmup ≥ 0 (got {repeats}, {warmup})")
     for _ in range(warmup):
         fn()
     if device.startswith("cuda"):
-        return _time_cuda(fn, repeats)
+        return _time_cuda(fn, repeats, flush_bytes)
     out: list[float] = []
     for _ in range(repeats):
         start = time.perf_counter_ns()
@@ -71,12 +81,15 @@ def time_call(fn: Callable[[], Any], device: str, warmup: int, repeats: int) -> 
     return out
 
 
-def _time_cuda(fn: Callable[[], Any], repeats: int) -> list[float]:
+def _time_cuda(fn: Callable[[], Any], repeats: int, flush_bytes: int) -> list[float]:
     import torch
 
+    flush = torch.empty(flush_bytes, dtype=torch.uint8, device="cuda") if flush_bytes > 0 else None
     torch.cuda.synchronize()
     pairs = []
     for _ in range(repeats):
+        if flush is not None:
+            flush.zero_()  # queued before the start event: evicts L2, not timed
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
