@@ -153,3 +153,63 @@ def test_sub_groups_run_concurrently_on_four_gloo_ranks() -> None:
     assert got == [("all_reduce", 2, 1, 2), ("all_reduce", 4, 1, 4), ("send", 2, 1, 2), ("send", 4, 1, 4)]
     pair = next(r for r in rows if r["collective"] == "send" and r["group_size"] == 2)
     assert '"concurrent_groups":2' in pair["params_json"] and '"src":0,"dst":1' in pair["params_json"]
+
+
+def test_nccl_timing_path_aligns_times_and_takes_the_slowest_rank() -> None:
+    """The GPU branch of the comm timing with torch/torch.distributed stood in by recorders (no GPU
+    here): barrier on the rank's device, device synchronised before the start event, end event
+    waited for, ms -> ns, and the per-repeat MAX all-reduce over ranks on the device."""
+    from types import SimpleNamespace
+
+    from tracecal.samplers.comm import _time_aligned
+
+    log: list[object] = []
+
+    class Event:
+        n = 0
+
+        def __init__(self, enable_timing: bool) -> None:
+            Event.n += 1
+            self.t = Event.n
+
+        def record(self) -> None:
+            log.append("record")
+
+        def synchronize(self) -> None:
+            log.append("wait end")
+
+        def elapsed_time(self, end: Event) -> float:
+            return 0.25  # ms
+
+    class Tensor:
+        def __init__(self, values: list[float]) -> None:
+            self.values = values
+
+        def cpu(self) -> Tensor:
+            return self
+
+        def tolist(self) -> list[float]:
+            return self.values
+
+    def tensor(values: list[float], dtype: object, device: object) -> Tensor:
+        log.append(("tensor", device))
+        return Tensor(list(values))
+
+    def all_reduce(t: Tensor, op: object) -> None:
+        log.append(("all_reduce", op))
+        t.values = [v * 2 for v in t.values]  # another rank was twice as slow
+
+    device = SimpleNamespace(index=3)
+    torch = SimpleNamespace(
+        float64="f64", tensor=tensor,
+        cuda=SimpleNamespace(Event=Event, synchronize=lambda d: log.append(("sync", d.index))),
+    )  # fmt: skip
+    dist = SimpleNamespace(
+        barrier=lambda device_ids: log.append(("barrier", device_ids)), all_reduce=all_reduce,
+        ReduceOp=SimpleNamespace(MAX="MAX"),
+    )  # fmt: skip
+    settings = CommSettings("c", warmup=1, repeats=2)
+    out = _time_aligned(dist, torch, lambda: log.append("call"), settings, device, cuda=True)
+    one = [("barrier", [3]), ("sync", 3), "record", "call", "record", "wait end"]
+    assert log == ["call", *one, *one, ("tensor", device), ("all_reduce", "MAX")]
+    assert out == [0.5e6, 0.5e6]
