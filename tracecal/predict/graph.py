@@ -118,10 +118,8 @@ class ReplayGraph:
 
 @dataclass(frozen=True)
 class Schedule:
-    """Edges grouped by the topological level of their destination.
-
-    ``edge_order`` lists edge indexes level by level; ``level_bounds[i]:level_bounds[i+1]`` slices
-    the edges whose destination is on level ``i + 1`` (level 0 holds only roots)."""
+    """Edges in rounds of Kahn's algorithm: ``edge_order[level_bounds[i]:level_bounds[i + 1]]`` are
+    the out-edges of the points that became ready in round ``i`` (round 0: the roots)."""
 
     edge_order: np.ndarray
     level_bounds: np.ndarray
@@ -362,47 +360,44 @@ def _node_table(inputs: ReplayInputs, offsets: pl.DataFrame) -> pl.DataFrame:
 
 
 def topological_schedule(n_points: int, src: np.ndarray, dst: np.ndarray) -> Schedule:
-    """Kahn's algorithm, one numpy pass per level (levels ≈ the longest chain, not the point count).
+    """Kahn's algorithm, one numpy pass per round (rounds ≈ the longest chain, not the point count).
+
+    Round ``r`` emits the out-edges of the points that became ready in round ``r - 1``; all of those
+    points' in-edges were emitted earlier, so replaying the edges round by round only ever reads final
+    times.
 
     Raises:
         PredictionError: the edges form a cycle.
     """
     indeg = np.bincount(dst, minlength=n_points).astype(np.int64)
+    out_count = np.bincount(src, minlength=n_points)
+    offsets = np.concatenate([[0], np.cumsum(out_count)])
     by_src = np.argsort(src, kind="stable")
-    offsets = np.searchsorted(src[by_src], np.arange(n_points + 1))
     frontier = np.flatnonzero(indeg == 0)
     roots = frontier
     chunks: list[np.ndarray] = []
-    bounds = [0]
     done = frontier.size
     while frontier.size:
-        lo = offsets[frontier]
-        counts = offsets[frontier + 1] - lo
+        counts = out_count[frontier]
         total = int(counts.sum())
         if total == 0:
             break
-        first = np.repeat(lo - np.cumsum(counts) + counts, counts)
+        first = np.repeat(offsets[frontier] - np.cumsum(counts) + counts, counts)
         edges = by_src[first + np.arange(total)]
         chunks.append(edges)
-        targets, hits = np.unique(dst[edges], return_counts=True)
-        indeg[targets] -= hits
-        frontier = targets[indeg[targets] == 0]
+        targets = dst[edges]
+        np.subtract.at(indeg, targets, 1)
+        ready = targets[indeg[targets] == 0]
+        # deduplicate without sorting: the last write of a distinct stamp per point wins
+        stamp = -np.arange(1, ready.size + 1)
+        indeg[ready] = stamp
+        frontier = ready[indeg[ready] == stamp]
         done += frontier.size
-        bounds.append(bounds[-1] + total)
     if done != n_points:
         raise PredictionError(
             f"the dependency graph has a cycle through {n_points - done} points; "
             "the trace's ordering is inconsistent (report this run)"
         )
-    # edges were emitted when their source finished; group them by destination level instead
     edge_order = np.concatenate(chunks) if chunks else np.empty(0, np.int64)
-    level = np.zeros(n_points, dtype=np.int64)
-    emit_level = np.repeat(np.arange(1, len(bounds)), np.diff(bounds))
-    # a destination's level is the last round in which one of its incoming edges was emitted
-    np.maximum.at(level, dst[edge_order], emit_level)
-    lv = level[dst[edge_order]]
-    order = np.argsort(lv, kind="stable")
-    edge_order = edge_order[order]
-    lv = lv[order]
-    level_bounds = np.searchsorted(lv, np.arange(1, (lv.max() if lv.size else 0) + 2))
+    level_bounds = np.concatenate([[0], np.cumsum([c.size for c in chunks])]).astype(np.int64)
     return Schedule(edge_order=edge_order, level_bounds=level_bounds, roots=roots)

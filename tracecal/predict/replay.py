@@ -36,11 +36,12 @@ def replay(graph: ReplayGraph, durations_ns: np.ndarray | None = None) -> np.nda
     lag = edge_lags(graph, durations_ns)
     sched = graph.schedule
     t = graph.release.copy()
-    src, dst = graph.src, graph.dst
     order, bounds = sched.edge_order, sched.level_bounds
+    # edges laid out round by round once, so each round is three contiguous slices
+    src, dst, lag = graph.src[order], graph.dst[order], lag[order]
     for i in range(bounds.size - 1):
-        e = order[bounds[i] : bounds[i + 1]]
-        np.maximum.at(t, dst[e], t[src[e]] + lag[e])
+        a, b = bounds[i], bounds[i + 1]
+        np.maximum.at(t, dst[a:b], t[src[a:b]] + lag[a:b])
     if (t == NO_TIME).any():  # every point is a root or has an incoming edge; guard against misuse
         raise PredictionError("replay left points without a time: the graph was modified after building")
     return t
