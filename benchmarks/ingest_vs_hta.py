@@ -151,11 +151,10 @@ def _child(case: str, run: Path) -> None:
 
 def _run_child(case: str, run: Path) -> dict[str, Any]:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", case, str(run)],
-        check=True,
-        capture_output=True,
-        text=True,
+        [sys.executable, __file__, "--child", case, str(run)], capture_output=True, text=True, check=False
     )
+    if out.returncode != 0:
+        sys.exit(f"{case} on {run} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

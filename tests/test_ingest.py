@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import KINETO
 from tracecal.cli.main import app
+from tracecal.ingest import pool
 from tracecal.sql.connection import open_database
 from tracecal.sql.load import IngestOptions, ingest_runs
 
@@ -120,7 +121,8 @@ def test_many_runs_per_database_and_run_id(db_path: Path) -> None:
     assert rank_source == "single_file"
 
 
-def test_parallel_and_serial_ingest_store_the_same_rows(tmp_path: Path) -> None:
+def test_parallel_and_serial_ingest_store_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool, "PARALLEL_MIN_BYTES", 0)  # use worker processes even for 3 MB
     query = "SELECT * EXCLUDE (run_id) FROM events ORDER BY rank, event_id"
     tables = []
     for workers in (1, 2):

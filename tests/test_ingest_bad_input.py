@@ -13,6 +13,10 @@ from typer.testing import CliRunner
 
 from tests.conftest import INVALID, KINETO
 from tracecal.cli.main import app
+from tracecal.errors import RankConflictError, TraceFormatError
+from tracecal.ingest import pool
+from tracecal.sql.connection import open_database
+from tracecal.sql.load import IngestOptions, ingest_runs
 
 runner = CliRunner()
 RANK0 = next((KINETO / "dlrm_8rank").glob("worker0_*"))
@@ -163,3 +167,29 @@ def test_sqlite_that_is_not_an_nsight_export(db: Path, tmp_path: Path) -> None:
     run.mkdir()
     (run / "rank0.sqlite").write_bytes(b"SQLite format 3\x00")
     _fails(db, [str(run)], "rank0.sqlite")
+
+
+def test_worker_processes_report_bad_files_and_duplicate_ranks(
+    db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same failures through the worker pool (used for runs above PARALLEL_MIN_BYTES)."""
+    monkeypatch.setattr(pool, "PARALLEL_MIN_BYTES", 0)
+    run = tmp_path / "pooled"
+    run.mkdir()
+    shutil.copy(RANK0, run / "rank-0.json.gz")
+    shutil.copy(RANK1, run / "rank-1.json.gz")
+    (run / "rank-2.json.gz").write_bytes(b"not gzip at all")
+    before = _state(db)
+    with open_database(db) as con:
+        with pytest.raises(TraceFormatError, match=r"rank-2\.json\.gz: corrupt"):
+            ingest_runs(con, [run], IngestOptions(workers=2))
+        report = ingest_runs(con, [run], IngestOptions(workers=2, on_error="skip"))
+    (stored,) = report.runs
+    assert stored.ranks == 2 and [s.path.name for s in stored.skipped] == ["rank-2.json.gz"]
+    (run / "rank-2.json.gz").unlink()
+    shutil.copy(RANK1, run / "copy.pt.trace.json.gz")  # distributedInfo says rank 1 as well
+    with open_database(db) as con, pytest.raises(RankConflictError, match="both hold rank 1"):
+        ingest_runs(con, [run], IngestOptions(workers=2))
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM ranks WHERE run_id = 'pooled'").fetchone() == (2,)
+    assert _state(db) != before  # the skip-mode ingest is the only change

@@ -41,6 +41,16 @@ class TraceFile:
     path_rank: int | None
     size_bytes: int
 
+    @property
+    def content_bytes(self) -> int:
+        """Uncompressed size: a gzip file's ISIZE trailer (exact below 4 GiB, where it wraps; a file that
+        large is worth a worker anyway), else the size on disk."""
+        if not self.path.name.endswith(".gz") or self.size_bytes < 18:
+            return self.size_bytes
+        with self.path.open("rb") as handle:
+            handle.seek(-4, 2)
+            return max(int.from_bytes(handle.read(4), "little"), self.size_bytes)
+
 
 @dataclass(frozen=True)
 class ParallelLayout:

@@ -22,6 +22,10 @@ from tracecal.ingest.trace import ParsedRank
 
 OnError = Literal["raise", "skip"]
 
+PARALLEL_MIN_BYTES = 64 * 2**20
+"""Below this much uncompressed trace in a run, files are parsed in the calling process: starting the
+worker processes (about a second of CPU) would cost more than parsing (~50 MB of JSON per CPU second)."""
+
 _PRELOAD = ["tracecal.ingest.kineto", "pandas"]
 """Imported once in the fork server, so workers forked from it start warm. pandas: pyarrow imports
 it on its first ``pa.array()`` of Python objects (0.3 s of CPU) when it is installed."""
@@ -37,7 +41,8 @@ class Skipped:
 
 class ParserPool:
     """Up to ``workers`` parser processes (``forkserver``: the caller holds a DuckDB connection and
-    its threads, which a forked child must not inherit). ``workers <= 1`` parses in this process."""
+    its threads, which a forked child must not inherit). ``workers <= 1``, a single file, or less than
+    ``PARALLEL_MIN_BYTES`` of trace parse in this process."""
 
     def __init__(self, workers: int) -> None:
         self.workers = max(1, workers)
@@ -61,7 +66,7 @@ class ParserPool:
             TracecalError: the first bad file's error under ``raise``.
             WorkerError: a worker process died (killed for memory, crashed).
         """
-        if self.workers == 1 or len(files) == 1:
+        if self.workers == 1 or len(files) == 1 or sum(f.content_bytes for f in files) < PARALLEL_MIN_BYTES:
             for trace_file in files:
                 yield trace_file, self._parse_here(trace_file, on_error, skipped)
             return
