@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tracecal.cli.main import app
-from tracecal.errors import TraceFormatError
+from tracecal.errors import InputNotFoundError, TraceFormatError
 from tracecal.ingest.discover import discover_run
 from tracecal.ingest.nsys import parse_nsys_file
 from tracecal.ingest.nsys_source import CACHE_DIR_NAME, open_export
@@ -408,3 +408,8 @@ def test_two_multi_process_files_by_order_alone_are_refused(tmp_path: Path, db_p
     result = CliRunner().invoke(app, ["ingest", str(run), "--db", str(db_path), "-j", "1"])
     assert result.exit_code == 2
     assert "both hold rank 0" in result.output
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(InputNotFoundError, match=r"gone\.sqlite does not exist"):
+        parse_nsys_file(tmp_path / "gone.sqlite")

@@ -59,6 +59,7 @@ def parse_nsys_file(path: Path) -> list[ParsedRank]:
         ``metadata['warnings']`` lists what was missing or skipped (one line each, for the CLI).
 
     Raises:
+        InputNotFoundError: ``path`` does not exist.
         TraceFormatError: not an Nsight export, unsupported schema, missing required columns, an
             ``.nsys-rep`` without ``nsys``, or an export with no usable events at all.
     """

@@ -29,7 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tracecal.errors import TraceFormatError
+from tracecal.errors import InputNotFoundError, TraceFormatError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 SUPPORTED_SCHEMA_MAJOR = 3
@@ -195,13 +195,14 @@ def open_export(path: Path) -> Iterator[Export]:
     """Open an Nsight export for reading; see the module docstring for the accepted files.
 
     Raises:
-        TraceFormatError: missing file, not SQLite, not an Nsight export, unsupported schema, corrupt gzip, or an
+        InputNotFoundError: ``path`` does not exist.
+        TraceFormatError: not SQLite, not an Nsight export, unsupported schema, corrupt gzip, or an
         ``.nsys-rep`` that cannot be converted.
     """
     path = Path(path)
     name = path.name.lower()
     if not path.is_file():
-        raise TraceFormatError(f"{path}: no such Nsight export file")
+        raise InputNotFoundError(f"Nsight export {path} does not exist")
     with tempfile.TemporaryDirectory(prefix="tracecal-nsys-") as tmp:
         if name.endswith(".gz"):
             sqlite_path = _decompress(path, Path(tmp))
