@@ -323,6 +323,11 @@ MODELS = Table(
         ("p90_ape", "DOUBLE", "hold-out 90th percentile absolute percentage error, %"),
         ("max_ape", "DOUBLE", "hold-out maximum absolute percentage error, %"),
         ("published_mape", "DOUBLE", "the published system's hold-out error for the same op, %; NULL if unknown"),
+        ("cv_mape", "DOUBLE", "k-fold cross-validated MAPE of the chosen model on the training rows, %"),
+        ("noise_ape", "DOUBLE", "collectives: hold-out MAPE of a local median in size (replicate spread), %"),
+        ("protocol", "VARCHAR", "hold-out split: published (GPUModeling25 80/20, random_state 42) or own"),
+        ("status", "VARCHAR", "ok, or inconsistent: <why> (samples contradict themselves; model kept, "
+         "flagged); groups with too few samples get no row"),
         ("data_fingerprint", "VARCHAR", "hash of the training samples"),
         ("artifact_path", "VARCHAR", "directory of the stored artifact"),
         ("schema_version", "INTEGER", "artifact schema version"),

@@ -18,6 +18,10 @@ CREATE TABLE IF NOT EXISTS models (
     p90_ape          DOUBLE,
     max_ape          DOUBLE,
     published_mape   DOUBLE,
+    cv_mape          DOUBLE,
+    noise_ape        DOUBLE,
+    protocol         VARCHAR,
+    status           VARCHAR,
     data_fingerprint VARCHAR,
     artifact_path    VARCHAR,
     schema_version   INTEGER,
@@ -41,6 +45,10 @@ COMMENT ON COLUMN models.p50_ape IS 'hold-out median absolute percentage error, 
 COMMENT ON COLUMN models.p90_ape IS 'hold-out 90th percentile absolute percentage error, %';
 COMMENT ON COLUMN models.max_ape IS 'hold-out maximum absolute percentage error, %';
 COMMENT ON COLUMN models.published_mape IS 'the published system''s hold-out error for the same op, %; NULL if unknown';
+COMMENT ON COLUMN models.cv_mape IS 'k-fold cross-validated MAPE of the chosen model on the training rows, %';
+COMMENT ON COLUMN models.noise_ape IS 'collectives: hold-out MAPE of a local median in size (replicate spread), %';
+COMMENT ON COLUMN models.protocol IS 'hold-out split: published (GPUModeling25 80/20, random_state 42) or own';
+COMMENT ON COLUMN models.status IS 'ok, or inconsistent: <why> (samples contradict themselves; model kept, flagged); groups with too few samples get no row';
 COMMENT ON COLUMN models.data_fingerprint IS 'hash of the training samples';
 COMMENT ON COLUMN models.artifact_path IS 'directory of the stored artifact';
 COMMENT ON COLUMN models.schema_version IS 'artifact schema version';

@@ -1,0 +1,237 @@
+"""Duration regressors: a physical baseline and tree ensembles on its log residual.
+
+Both follow scikit-learn's estimator contract (``__init__`` stores hyper-parameters only, ``fit``
+returns ``self``, learned state ends in ``_``, ``predict`` checks it is fitted), take a polars frame of
+``features.feature_frame`` columns and durations in nanoseconds, and predict nanoseconds.
+
+Why a residual: the baseline (roofline-style ``a + flops/peak + bytes/bandwidth`` for compute,
+``latency·steps + bus_bytes/bandwidth`` for collectives) carries the scale and extrapolates sensibly;
+the trees only learn ``log(duration / baseline)``, a small, bounded correction (wave quantisation,
+kernel switches, protocol changes). Fitting on a log scale makes the squared loss a relative one,
+which is what MAPE scores. ``scale`` is a final multiplicative factor chosen by cross-validation
+(``selection``): the MAPE-optimal prediction of a noisy duration sits below its median.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from tracecal.errors import CalibrationError
+
+MODEL_KINDS = ("physical", "random_forest", "xgboost", "blend")
+"""``blend`` is the geometric mean of the random forest and the XGBoost residual models."""
+
+
+def import_xgboost() -> Any:
+    """``xgboost`` (imported on first use; see the package docstring for the OpenMP wait policy)."""
+    import xgboost
+
+    return xgboost
+
+
+def _check_fitted(estimator: Any, attribute: str) -> None:
+    if not hasattr(estimator, attribute):
+        raise CalibrationError(f"{type(estimator).__name__} is not fitted; call fit(features, durations) first")
+
+
+def _matrix(features: pl.DataFrame, columns: Sequence[str]) -> np.ndarray:
+    missing = [c for c in columns if c not in features.columns]
+    if missing:
+        raise CalibrationError(f"feature frame lacks columns {missing}; build it with features.feature_frame")
+    return features.select(list(columns)).to_numpy().astype(np.float64)
+
+
+class PhysicalBaseline:
+    """``duration ≈ c0 + Σ c_i · x_i`` with non-negative coefficients, fitted for relative error.
+
+    Args:
+        columns: feature columns the duration is linear in (``features.physics_columns(family)``),
+            e.g. flops and bytes moved (so ``1/c_flops`` is an effective peak and ``1/c_bytes`` an
+            effective bandwidth) or ring steps and bus bytes for a collective.
+
+    Learned: ``coef_`` (intercept first, ns and ns per unit), ``n_features_in_``.
+    """
+
+    def __init__(self, columns: Sequence[str] = ("flops_derived", "bytes_moved")) -> None:
+        self.columns = tuple(columns)
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        return {"columns": self.columns}
+
+    def _design(self, features: pl.DataFrame) -> np.ndarray:
+        x = _matrix(features, self.columns)
+        x = np.where(np.isfinite(x), x, 0.0)  # a missing physics term contributes nothing
+        return np.column_stack([np.ones(len(x)), x])
+
+    def fit(self, features: pl.DataFrame, durations_ns: np.ndarray) -> PhysicalBaseline:
+        from scipy.optimize import nnls
+
+        y = np.asarray(durations_ns, dtype=np.float64)
+        if len(y) == 0 or np.any(~np.isfinite(y)) or np.any(y <= 0):
+            raise CalibrationError("durations must be positive and finite to fit a physical baseline")
+        design = self._design(features)
+        # scale columns to unit max so NNLS is well conditioned, then weight rows by 1/y: the
+        # least-squares problem becomes one in relative error
+        norm = np.max(np.abs(design), axis=0)
+        norm[norm == 0] = 1.0
+        coef, _ = nnls(design / norm / y[:, None], np.ones(len(y)), maxiter=50 * design.shape[1])
+        self.coef_ = coef / norm
+        self.n_features_in_ = len(self.columns)
+        return self
+
+    def predict(self, features: pl.DataFrame) -> np.ndarray:
+        _check_fitted(self, "coef_")
+        prediction = self._design(features) @ self.coef_
+        # never predict a non-positive duration: the residual models divide by it
+        floor = max(float(self.coef_[0]), 1.0)
+        return np.maximum(prediction, floor)
+
+
+class DurationRegressor:
+    """Predict an operator's duration (ns) from its features.
+
+    Args:
+        kind: ``physical`` (the baseline alone), ``random_forest``, ``xgboost`` or ``blend``.
+        features: feature columns the trees use (``features.usable_features`` of the training frame).
+        physical_columns: columns of the baseline (see ``PhysicalBaseline``).
+        n_estimators, max_depth, min_samples_leaf, max_features: random-forest hyper-parameters.
+        xgb_estimators, xgb_depth, learning_rate, subsample, colsample_bytree, min_child_weight:
+            XGBoost hyper-parameters.
+        scale: multiplicative factor applied to the prediction (chosen by cross-validation).
+        random_state: seed of both ensembles (fixed for reproducibility).
+        n_jobs: threads for fitting and prediction (does not change results).
+
+    Learned: ``baseline_`` (a fitted PhysicalBaseline), ``forest_`` (sklearn RandomForestRegressor,
+    for random_forest/blend), ``booster_`` (xgboost.XGBRegressor, for xgboost/blend),
+    ``n_features_in_``.
+    """
+
+    def __init__(
+        self,
+        kind: str = "random_forest",
+        features: Sequence[str] = (),
+        physical_columns: Sequence[str] = ("flops_derived", "bytes_moved"),
+        n_estimators: int = 100,
+        max_depth: int | None = None,
+        min_samples_leaf: int = 1,
+        max_features: float = 0.6,
+        xgb_estimators: int = 400,
+        xgb_depth: int = 6,
+        learning_rate: float = 0.05,
+        subsample: float = 0.8,
+        colsample_bytree: float = 0.8,
+        min_child_weight: float = 1.0,
+        scale: float = 1.0,
+        random_state: int = 42,
+        n_jobs: int = 2,
+    ) -> None:
+        self.kind = kind
+        self.features = tuple(features)
+        self.physical_columns = tuple(physical_columns)
+        self.n_estimators = n_estimators
+        self.max_depth = max_depth
+        self.min_samples_leaf = min_samples_leaf
+        self.max_features = max_features
+        self.xgb_estimators = xgb_estimators
+        self.xgb_depth = xgb_depth
+        self.learning_rate = learning_rate
+        self.subsample = subsample
+        self.colsample_bytree = colsample_bytree
+        self.min_child_weight = min_child_weight
+        self.scale = scale
+        self.random_state = random_state
+        self.n_jobs = n_jobs
+
+    _PARAMS = (
+        "kind", "features", "physical_columns", "n_estimators", "max_depth", "min_samples_leaf",
+        "max_features", "xgb_estimators", "xgb_depth", "learning_rate", "subsample", "colsample_bytree",
+        "min_child_weight", "scale", "random_state", "n_jobs",
+    )  # fmt: skip
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        """Hyper-parameters as a JSON-serialisable dict (tuples become lists)."""
+        out = {}
+        for name in self._PARAMS:
+            value = getattr(self, name)
+            out[name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def set_params(self, **params: Any) -> DurationRegressor:
+        for name, value in params.items():
+            if name not in self._PARAMS:
+                raise CalibrationError(f"unknown hyper-parameter {name!r} for DurationRegressor")
+            setattr(self, name, tuple(value) if isinstance(value, list) else value)
+        return self
+
+    def _uses_forest(self) -> bool:
+        return self.kind in ("random_forest", "blend")
+
+    def _uses_booster(self) -> bool:
+        return self.kind in ("xgboost", "blend")
+
+    def fit(self, features: pl.DataFrame, durations_ns: np.ndarray) -> DurationRegressor:
+        if self.kind not in MODEL_KINDS:
+            raise CalibrationError(f"unknown model kind {self.kind!r}; expected one of {', '.join(MODEL_KINDS)}")
+        y = np.asarray(durations_ns, dtype=np.float64)
+        self.baseline_ = PhysicalBaseline(self.physical_columns).fit(features, y)
+        self.n_features_in_ = len(self.features)
+        if self.kind == "physical":
+            return self
+        if not self.features:
+            raise CalibrationError("DurationRegressor needs feature columns for its trees (features=...)")
+        x = _matrix(features, self.features)
+        residual = np.log(y / self.baseline_.predict(features))
+        if self._uses_forest():
+            from sklearn.ensemble import RandomForestRegressor
+
+            self.forest_ = RandomForestRegressor(
+                n_estimators=self.n_estimators,
+                max_depth=self.max_depth,
+                min_samples_leaf=self.min_samples_leaf,
+                max_features=self.max_features,
+                random_state=self.random_state,
+                n_jobs=self.n_jobs,
+            ).fit(x, residual)
+        if self._uses_booster():
+            self.booster_ = (
+                import_xgboost()
+                .XGBRegressor(
+                    n_estimators=self.xgb_estimators,
+                    max_depth=self.xgb_depth,
+                    learning_rate=self.learning_rate,
+                    subsample=self.subsample,
+                    colsample_bytree=self.colsample_bytree,
+                    min_child_weight=self.min_child_weight,
+                    random_state=self.random_state,
+                    n_jobs=self.n_jobs,
+                    tree_method="hist",
+                )
+                .fit(x, residual)
+            )
+        return self
+
+    def log_residual(self, features: pl.DataFrame) -> np.ndarray:
+        """The trees' correction ``log(prediction / baseline)`` before ``scale`` (0 for physical)."""
+        _check_fitted(self, "baseline_")
+        if self.kind == "physical":
+            return np.zeros(features.height)
+        x = _matrix(features, self.features)
+        parts = []
+        if self._uses_forest():
+            _check_fitted(self, "forest_")
+            parts.append(self.forest_.predict(x))
+        if self._uses_booster():
+            _check_fitted(self, "booster_")
+            parts.append(self.booster_.predict(x).astype(np.float64))
+        return np.mean(parts, axis=0)
+
+    def predict(self, features: pl.DataFrame) -> np.ndarray:
+        """Durations in ns, one per row of ``features`` (a ``feature_frame`` with ``self.features``)."""
+        _check_fitted(self, "baseline_")
+        if features.height == 0:
+            return np.zeros(0)
+        return self.scale * self.baseline_.predict(features) * np.exp(self.log_residual(features))

@@ -1,0 +1,264 @@
+"""Fit and validate one regressor per model group of a cluster's samples (pure: frames in, results out).
+
+A model group is a family × direction × source op, and for collectives × topology (nodes × GPUs per
+node): the unit the published system tuned, so its hold-out errors compare one to one. For every
+group: exclude quality-flagged samples (counted), say "too few samples" below ``MIN_SAMPLES``, split
+(published or own protocol, ``validation``), choose a model by k-fold CV on the training rows
+(``selection``), score it once on the hold-out rows, measure the noise level of collective sweeps, and
+refit the chosen configuration on every usable row for prediction.
+
+Pooled NCCL samples (the published files without a topology suffix repeat the per-topology rows) are
+left out whenever the same op has per-topology samples, so no row is counted twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from tracecal.calibrate.estimators import DurationRegressor
+from tracecal.calibrate.features import (
+    COMM_FAMILY,
+    COMPUTE_FAMILIES,
+    feature_frame,
+    physics_columns,
+    usable_features,
+)
+from tracecal.calibrate.selection import select_model
+from tracecal.calibrate.validation import (
+    CONSISTENT_NOISE_PCT,
+    MIN_SAMPLES,
+    error_metrics,
+    holdout_split,
+    noise_level,
+)
+from tracecal.schema import COMM_COLUMNS, SHAPE_COLUMNS
+
+TRAINING_COLUMNS = (
+    "sample_id", "family", "op", "direction", "collective",
+    *(c.name for c in SHAPE_COLUMNS), *(c.name for c in COMM_COLUMNS), "median_ns",
+)  # fmt: skip
+"""The sample columns a stored model keeps as its training data (for refit-on-load and routing)."""
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """What a model serves: family, direction, source op and (collectives) topology ``"NxG"``."""
+
+    family: str
+    direction: str
+    op: str
+    topology: str | None = None
+
+    @property
+    def label(self) -> str:
+        """The published name of the group: ``linear1``, or ``allreduce_2_4`` for a collective."""
+        if self.topology is None:
+            return self.op
+        return f"{self.op}_{self.topology.replace('x', '_')}"
+
+
+@dataclass
+class GroupResult:
+    """The outcome for one group: status, chosen model and its validation."""
+
+    key: GroupKey
+    status: str  # "ok", "inconsistent: ...", "too few samples: ..."
+    n_train: int = 0
+    n_test: int = 0
+    n_excluded: int = 0
+    protocol: str | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    cv_mape: float | None = None
+    cv_scores: dict[str, float] = field(default_factory=dict)
+    noise_ape: float | None = None
+    published_mape: float | None = None
+    params: dict[str, Any] | None = None
+    model: DurationRegressor | None = None
+    training: pl.DataFrame | None = None
+    fingerprint: str | None = None
+
+    @property
+    def kind(self) -> str | None:
+        return None if self.params is None else str(self.params["kind"])
+
+
+def data_fingerprint(training: pl.DataFrame) -> str:
+    """sha256 (24 hex digits) of the training samples' ids and durations, order-independent."""
+    rows = training.select("sample_id", "median_ns").sort("sample_id")
+    digest = hashlib.sha256()
+    for sid, dur in rows.iter_rows():
+        digest.update(f"{sid}:{dur!r};".encode())
+    return digest.hexdigest()[:24]
+
+
+def model_groups(samples: pl.DataFrame, family: str | None = None) -> list[tuple[GroupKey, pl.DataFrame]]:
+    """Split a cluster's samples into model groups (sorted); families without a model are skipped."""
+    frame = samples.filter(pl.col("family").is_in([*COMPUTE_FAMILIES, COMM_FAMILY]))
+    if family is not None:
+        frame = frame.filter(pl.col("family") == family)
+    if "pooled" in frame.columns:
+        split_ops = set(frame.filter(~pl.col("pooled").fill_null(False))["op"].to_list())
+        frame = frame.filter(~(pl.col("pooled").fill_null(False) & pl.col("op").is_in(list(split_ops))))
+    frame = frame.with_columns(
+        pl.when(pl.col("family") == COMM_FAMILY)
+        .then(pl.format("{}x{}", pl.col("nodes"), pl.col("gpus_per_node")))
+        .otherwise(None)
+        .alias("_topology")
+    )
+    groups = []
+    for (fam, direction, op, topology), rows in frame.group_by(
+        ["family", "direction", "op", "_topology"], maintain_order=True
+    ):
+        groups.append((GroupKey(str(fam), str(direction), str(op), topology), rows.drop("_topology")))
+    return sorted(groups, key=lambda g: (g[0].family, g[0].op, g[0].topology or "", g[0].direction))
+
+
+def published_lookup(published: pl.DataFrame | None) -> dict[tuple[str, str], float]:
+    """``(label, direction) -> published MAPE %`` from ``published_errors``-shaped rows."""
+    if published is None or published.height == 0:
+        return {}
+    out = {}
+    for row in published.iter_rows(named=True):
+        topology = row.get("topology")
+        label = row["op"] if topology in (None, "pooled") else f"{row['op']}_{topology.replace('x', '_')}"
+        if topology == "pooled":
+            label = f"{row['op']}_pooled"
+        out[(label, row["direction"])] = float(row["published_mape_pct"])
+    return out
+
+
+def fit_group(
+    key: GroupKey,
+    rows: pl.DataFrame,
+    cluster: str,
+    *,
+    published_mape: float | None = None,
+    folds: int = 3,
+    n_jobs: int = 2,
+) -> GroupResult:
+    """Validate and fit one group. Never raises for data reasons: the status says what happened."""
+    durations = rows.get_column("median_ns").cast(pl.Float64).fill_null(np.nan).to_numpy()
+    flagged = rows.get_column("quality_flag").is_not_null().to_numpy() if "quality_flag" in rows.columns else 0
+    usable = ~np.asarray(flagged, dtype=bool) & np.isfinite(durations) & (durations > 0)
+    excluded = int((~usable).sum())
+    result = GroupResult(key=key, status="ok", n_excluded=excluded, published_mape=published_mape)
+    n_usable = int(usable.sum())
+    if n_usable < MIN_SAMPLES:
+        result.status = f"too few samples: {n_usable} usable (need {MIN_SAMPLES})"
+        return result
+
+    split = holdout_split(rows, usable, cluster)
+    data = rows.filter(pl.Series(usable))
+    y = durations[usable]
+    features = feature_frame(data, key.family)
+    columns = usable_features(features[split.train])
+    physical = physics_columns(key.family)
+    selection = select_model(
+        features[split.train],
+        y[split.train],
+        feature_columns=columns,
+        physical_columns=physical,
+        folds=folds,
+        n_jobs=n_jobs,
+    )
+    holdout_model = DurationRegressor(**selection.params).fit(features[split.train], y[split.train])
+    result.metrics = error_metrics(holdout_model.predict(features[split.test]), y[split.test])
+    result.n_train, result.n_test = len(split.train), len(split.test)
+    result.protocol = split.protocol
+    result.cv_mape, result.cv_scores = selection.cv_mape, selection.scores
+    result.params = selection.params
+
+    if key.family == COMM_FAMILY:
+        size = data.get_column("size_bytes").cast(pl.Float64).to_numpy()
+        result.noise_ape = noise_level(size, y, split)
+        if result.noise_ape > CONSISTENT_NOISE_PCT:
+            result.status = (
+                f"inconsistent: replicate spread alone gives {result.noise_ape:.1f} % hold-out error "
+                f"(> {CONSISTENT_NOISE_PCT:g} %)"
+            )
+
+    # the stored model sees every usable row; its reported errors are the hold-out ones above
+    result.model = DurationRegressor(**selection.params).fit(features, y)
+    result.training = data.select([c for c in TRAINING_COLUMNS if c in data.columns])
+    result.fingerprint = data_fingerprint(result.training)
+    return result
+
+
+def calibrate_samples(
+    samples: pl.DataFrame,
+    cluster: str,
+    *,
+    published: pl.DataFrame | None = None,
+    family: str | None = None,
+    folds: int = 3,
+    n_jobs: int = 2,
+    on_group: Callable[[GroupKey, int, int], None] | None = None,
+) -> list[GroupResult]:
+    """Fit and validate every model group of ``samples`` (rows of the ``samples`` table).
+
+    Args:
+        samples: the cluster's samples, flagged ones included (they are counted as excluded).
+        cluster: the cluster name (part of imported samples' ids, for the published split).
+        published: ``published_errors`` rows (op, direction, topology, published_mape_pct) to show
+            next to ours; None when the samples are not the published ones.
+        family: only this family.
+        on_group: called before each group with (key, index, total), for progress display.
+
+    Returns:
+        One ``GroupResult`` per group, sorted by family, op, topology, direction.
+    """
+    lookup = published_lookup(published)
+    groups = model_groups(samples, family)
+    results = []
+    for index, (key, rows) in enumerate(groups):
+        if on_group is not None:
+            on_group(key, index, len(groups))
+        results.append(
+            fit_group(
+                key, rows, cluster, published_mape=lookup.get((key.label, key.direction)), folds=folds, n_jobs=n_jobs
+            )
+        )
+    return results
+
+
+REPORT_SCHEMA = {
+    "op": pl.Utf8, "direction": pl.Utf8, "family": pl.Utf8, "topology": pl.Utf8, "model": pl.Utf8,
+    "n_train": pl.Int64, "n_test": pl.Int64, "excluded": pl.Int64, "mape": pl.Float64, "p50_ape": pl.Float64,
+    "p90_ape": pl.Float64, "max_ape": pl.Float64, "cv_mape": pl.Float64, "published_mape": pl.Float64,
+    "noise_ape": pl.Float64, "protocol": pl.Utf8, "status": pl.Utf8,
+}  # fmt: skip
+"""Columns of the hold-out report (``--report`` CSV): errors in %, ``published_mape`` empty when unknown."""
+
+
+def report_frame(results: list[GroupResult]) -> pl.DataFrame:
+    """One row per group (source op × direction, × topology for collectives) with its validation."""
+    rows = []
+    for r in results:
+        rows.append(
+            {
+                "op": r.key.label,
+                "direction": r.key.direction,
+                "family": r.key.family,
+                "topology": r.key.topology,
+                "model": r.kind,
+                "n_train": r.n_train,
+                "n_test": r.n_test,
+                "excluded": r.n_excluded,
+                "mape": r.metrics.get("mape"),
+                "p50_ape": r.metrics.get("p50_ape"),
+                "p90_ape": r.metrics.get("p90_ape"),
+                "max_ape": r.metrics.get("max_ape"),
+                "cv_mape": r.cv_mape,
+                "published_mape": r.published_mape,
+                "noise_ape": r.noise_ape,
+                "protocol": r.protocol,
+                "status": r.status,
+            }
+        )
+    return pl.DataFrame(rows, schema=REPORT_SCHEMA)
