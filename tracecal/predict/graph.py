@@ -163,23 +163,27 @@ def build_graph(inputs: ReplayInputs) -> ReplayGraph:
 
 
 def _features(inputs: ReplayInputs, nodes: pl.DataFrame) -> pl.DataFrame:
-    """Per activity and collective node: the columns a duration model may use (node-keyed)."""
-    keep = [c for c in inputs.activities.columns if c not in FEATURE_EXCLUDE and c not in ("rank", "event_id")]
+    """Per activity and collective node: the columns a duration model may use (node-keyed).
+
+    Activities keep their other ``operators`` columns; those that are collective rows also get the
+    collective's name and communication features (an unmatched NCCL kernel is still a collective);
+    collective instances get them from their first member."""
+    keep = [c for c in inputs.activities.columns if c not in FEATURE_EXCLUDE]
+    comm_cols = [c for c in COMM_FEATURES if c in inputs.collectives.columns]
+    coll = inputs.collectives.select(
+        "rank", "event_id", "match_id", pl.col("name").alias("collective"), *comm_cols
+    ).unique(["rank", "event_id"], keep="first")
+    acts = inputs.activities.with_row_index("_row").select("_row", *keep)
+    shared = [c for c in comm_cols if c in acts.columns]  # operators has dtype too: prefer the op's own
     acts = (
-        inputs.activities.with_row_index("_row")
-        .select("_row", *keep)
+        acts.join(coll.drop("match_id", *shared), on=["rank", "event_id"], how="left")
         .join(nodes.select("node", "_row").drop_nulls("_row"), on="_row", how="inner")
-        .drop("_row")
+        .drop("_row", "rank", "event_id")
     )
-    comm_cols = [
-        c for c in ("size_bytes", "group_size", "nodes", "gpus_per_node", "dtype") if c in inputs.collectives.columns
-    ]
-    inst = nodes.filter(pl.col("node_kind") == "collective").select(
-        "node", "match_id", pl.col("name").alias("collective")
-    )
-    if inst.height and comm_cols:
-        first = inputs.collectives.filter(pl.col("match_id").is_not_null()).unique("match_id", keep="first")
-        inst = inst.join(first.select("match_id", *comm_cols), on="match_id", how="left")
+    inst = nodes.filter(pl.col("node_kind") == "collective").select("node", "match_id")
+    if inst.height:
+        first = coll.filter(pl.col("match_id").is_not_null()).unique("match_id", keep="first").drop("rank", "event_id")
+        inst = inst.join(first, on="match_id", how="left")
     inst = inst.drop("match_id").with_columns(pl.lit("comm").alias("family"))
     return pl.concat([acts, inst], how="diagonal_relaxed").sort("node")
 
