@@ -96,3 +96,13 @@ def test_cuda_without_a_gpu_is_one_clear_error(db_path: Path) -> None:
     result = runner.invoke(app, args)
     assert result.exit_code == 2
     assert "--device cuda given but torch sees no CUDA device; use --device cpu" in " ".join(result.output.split())
+
+
+def test_dry_run_counts_what_is_left_and_times_nothing(db_path: Path) -> None:
+    base = ["sample", "compute", "--cluster", "c", "--config", "ci", "--family", "norm", "--db", str(db_path)]
+    result = runner.invoke(app, [*base, "--dry-run"])
+    assert result.exit_code == 0, result.output
+    assert "c: 4 points to sample" in result.output and _count(db_path) == 0
+    half = runner.invoke(app, [*base, "--dtype", "float32", "--repeats", "1", "--part", "1", "--parts", "2"])
+    assert half.exit_code == 0
+    assert "c: 2 points to sample" in runner.invoke(app, [*base, "--dry-run"]).output

@@ -46,12 +46,17 @@ def compute(
     inference: Annotated[
         bool, typer.Option("--inference", help="Forward calls without autograd (default: as in training).")
     ] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Only count the points to sample per family and direction.")
+    ] = False,
     db: DbOption = None,
 ) -> None:
     """Time compute operators over a grid or the shapes of a run, forward and backward, and store the
     samples. Resumable: points already stored for the cluster are skipped."""
     with user_errors():
-        from tracecal.samplers.compute import ComputeSettings, sample_compute
+        from collections import Counter
+
+        from tracecal.samplers.compute import ComputeSettings, pending, sample_compute
         from tracecal.samplers.from_run import run_points
         from tracecal.samplers.grid import load_grid, shard, with_dtypes
         from tracecal.sql.connection import open_database
@@ -85,6 +90,15 @@ def compute(
                 threads=threads if threads is not None else defaults.threads,
                 autograd=autograd,
             )
+            if dry_run:
+                todo = pending(con, points, run)
+                counts = Counter((p.family, p.direction) for p, _ in todo)
+                render_rows(
+                    f"{cluster}: {len(todo)} points to sample ({source})",
+                    ["family", "direction", "points"],
+                    [(f, d, n) for (f, d), n in sorted(counts.items())],
+                )
+                return
             with progress_bar() as bar:
                 task = bar.add_task("sampling", total=None)
 

@@ -102,17 +102,8 @@ def sample_compute(
     """
     started = time.perf_counter()
     env = sampler_env(settings.device)
-    # computing the ids validates every point before anything runs
-    ids = [point_sample_id(p, settings.cluster, env.device_name, settings.autograd) for p in points]
-    for p in points:
-        if p.direction == "bwd" and not cases.spec_for(p).has_backward:
-            raise SampleError(f"{p.op} has no backward to sample; list it with directions: [fwd]")
-    report = ComputeReport(planned=len(points))
-    stored = existing_sample_ids(con, settings.cluster)
-    unique = dict(zip(ids, points, strict=True))  # a grid may list a point twice: time it once
-    report.planned = len(unique)
-    todo = [(p, i) for i, p in unique.items() if i not in stored]
-    report.already_stored = len(unique) - len(todo)
+    report = ComputeReport()
+    todo = pending(con, points, settings, env, report)
     rows: list[dict[str, Any]] = []
     last_flush = time.perf_counter()
     try:
@@ -133,6 +124,32 @@ def sample_compute(
         report.written += _flush(con, rows)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def pending(
+    con: duckdb.DuckDBPyConnection,
+    points: Sequence[GridPoint],
+    settings: ComputeSettings,
+    env: SamplerEnv | None = None,
+    report: ComputeReport | None = None,
+) -> list[tuple[GridPoint, str]]:
+    """The (point, sample_id) pairs still to sample: every point validated, duplicates dropped, ids
+    already stored for the cluster left out. Fills ``report.planned``/``already_stored`` when given.
+
+    Raises:
+        SampleError: a malformed point, ``bwd`` of an op without a backward, or an unavailable device.
+    """
+    env = env or sampler_env(settings.device)
+    ids = [point_sample_id(p, settings.cluster, env.device_name, settings.autograd) for p in points]
+    for p in points:
+        if p.direction == "bwd" and not cases.spec_for(p).has_backward:
+            raise SampleError(f"{p.op} has no backward to sample; list it with directions: [fwd]")
+    stored = existing_sample_ids(con, settings.cluster)
+    unique = dict(zip(ids, points, strict=True))  # a grid may list a point twice: time it once
+    todo = [(p, i) for i, p in unique.items() if i not in stored]
+    if report is not None:
+        report.planned, report.already_stored = len(unique), len(unique) - len(todo)
+    return todo
 
 
 @contextmanager
