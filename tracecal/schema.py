@@ -162,7 +162,7 @@ EVENTS = Table(
         ("input_dims", "VARCHAR", "Input Dims as JSON text, e.g. [[8,512],[512,1024]]"),
         ("input_types", "VARCHAR", "Input type as JSON text, e.g. [\"float\",\"float\"]"),
         ("concrete_inputs", "VARCHAR", "Concrete Inputs as JSON text (scalar arguments)"),
-        ("bytes", "BIGINT", "bytes copied or set (memcpy, memset)"),
+        ("bytes", "BIGINT", "bytes copied or set (memcpy, memset); message size of an Nsight NCCL NVTX range"),
         ("grid", "VARCHAR", "kernel grid dims as JSON text"),
         ("block", "VARCHAR", "kernel block dims as JSON text"),
         ("coll_name", "VARCHAR", "Collective name arg (allreduce, send, ...) on record_param_comms/NCCL kernels"),

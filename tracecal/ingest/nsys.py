@@ -11,7 +11,8 @@ calls or NVTX ranges is one. Events of other processes (launchers, shells) are d
 the warnings. The rank number comes from, in order:
 
 1. NCCL's ``ncclCommInitRank`` NVTX payload (``Rank`` in the communicator with the most ranks) when
-   the export was made with payload blobs: ``rank_source = 'nvtx_nccl'``;
+   the export was made with payload blobs and it covers every rank process of the file:
+   ``rank_source = 'nvtx_nccl'``;
 2. otherwise a deterministic order: processes sorted by (lowest CUDA device used, pid); the file's
    n-th process gets ordinal n. A file with several such processes returns ``rank = ordinal``
    (``rank_source = 'nsys_order'``); a file with a single process returns ``rank = None`` so that
@@ -215,6 +216,10 @@ def _parse(export: Export, path: Path) -> list[ParsedRank]:
         warnings.append(f"{path}: skipped {unassigned} events with no process id")
 
     evidence = nccl_ranks(export)
+    if evidence and not set(procs) <= set(evidence):
+        # mixing NCCL ranks with ordinals could give two processes one rank: all or nothing
+        warnings.append(f"{path}: NCCL rank payloads cover only some processes; ranks follow the process order")
+        evidence = {}
     device_names = _device_names(export)
     process_names = _process_names(export)
     host = export.capture_meta.get("DEVICE_DISPLAY_NAME") or None

@@ -1,4 +1,4 @@
-"""Rank evidence from NCCL's typed NVTX payloads (``ncclCommInitRank``: communicator, ranks, rank).
+"""NCCL's typed NVTX payloads: rank evidence (``ncclCommInitRank``) and collective fields of NCCL ranges.
 
 NCCL 2.19+ annotates its API calls with NVTX ranges carrying a typed payload; the payload's layout
 is declared in ``NVTX_PAYLOAD_SCHEMAS`` / ``NVTX_PAYLOAD_SCHEMA_ENTRIES`` (entry name, type, byte
@@ -42,7 +42,8 @@ class _Schema:
     fields: dict[str, tuple[int, int]]  # name -> (type, byte offset in the payload)
 
 
-def _schemas(export: Export) -> dict[int, _Schema]:
+def payload_schemas(export: Export) -> dict[int, _Schema]:
+    """Schema id -> payload size and integer entries, from ``NVTX_PAYLOAD_SCHEMA[_ENTRIES]`` ({} when absent)."""
     if not {"NVTX_PAYLOAD_SCHEMAS", "NVTX_PAYLOAD_SCHEMA_ENTRIES"} <= export.tables:
         return {}
     sizes: dict[int, int] = {}
@@ -90,7 +91,7 @@ def nccl_ranks(export: Export) -> dict[int, NcclRank]:
     """
     if "NVTX_EVENTS" not in export.tables or "binaryData" not in export.columns("NVTX_EVENTS"):
         return {}
-    schemas = {sid: s for sid, s in _schemas(export).items() if {RANK_FIELD, NRANKS_FIELD} <= set(s.fields)}
+    schemas = {sid: s for sid, s in payload_schemas(export).items() if {RANK_FIELD, NRANKS_FIELD} <= set(s.fields)}
     if not schemas:
         return {}
     best: dict[int, NcclRank] = {}
@@ -112,3 +113,48 @@ def nccl_ranks(export: Export) -> dict[int, NcclRank]:
     if len(ranks) != len(set(ranks)):
         return {}
     return best
+
+
+COMM_FIELD = "NCCL communicator ID"
+SIZE_FIELD = "Message size [bytes]"
+PEER_FIELD = "Peer rank"
+
+
+def nccl_range_fields(
+    names: list[str | None], blobs: list[bytes | None], schemas: dict[int, _Schema]
+) -> dict[str, list[int | str | None]]:
+    """Collective fields of NCCL NVTX ranges from their payloads (pure).
+
+    Args:
+        names: each range's name (``ncclSend``, ``ncclAllReduce``, ``ncclCommInitRank``, ...).
+        blobs: each range's ``binaryData`` (None when absent).
+        schemas: ``payload_schemas(export)``.
+
+    Returns:
+        Lists aligned with ``names``: ``pg_name`` (``nccl_comm:<communicator id, hex>``, the same on every
+        member rank), ``group_size`` (the communicator's ranks, from its ``ncclCommInitRank`` payload in
+        the same export), ``bytes`` (``Message size [bytes]``), ``dst_rank`` / ``src_rank`` (the peer of
+        an ``ncclSend`` / ``ncclRecv``, only in the largest communicator, whose ranks are global).
+    """
+    decoded = [decode_payload(b, schemas) if b is not None else None for b in blobs]
+    comm_size: dict[int, int] = {}
+    for values in decoded:
+        if values and COMM_FIELD in values and NRANKS_FIELD in values:
+            comm_size[values[COMM_FIELD]] = values[NRANKS_FIELD]
+    world = max(comm_size.values(), default=None)
+    out: dict[str, list[int | str | None]] = {k: [None] * len(names) for k in ("pg_name", "group_size", "bytes",
+                                                                             "dst_rank", "src_rank")}  # fmt: skip
+    for i, (name, values) in enumerate(zip(names, decoded, strict=True)):
+        if not values or COMM_FIELD not in values:
+            continue
+        comm = values[COMM_FIELD]
+        out["pg_name"][i] = f"nccl_comm:{comm:x}"
+        out["group_size"][i] = comm_size.get(comm)
+        out["bytes"][i] = values.get(SIZE_FIELD)
+        peer = values.get(PEER_FIELD)
+        if peer is not None and world is not None and comm_size.get(comm) == world:
+            if name == "ncclSend":
+                out["dst_rank"][i] = peer
+            elif name == "ncclRecv":
+                out["src_rank"][i] = peer
+    return out

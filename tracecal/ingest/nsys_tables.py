@@ -20,11 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracecal.errors import TraceFormatError
 from tracecal.ingest.nsys_nvtx import classify_nvtx
+from tracecal.ingest.nsys_payload import nccl_range_fields, payload_schemas
 from tracecal.ingest.nsys_source import Export
 
 FETCH_ROWS = 65_536
@@ -60,6 +62,10 @@ ROW_SCHEMA = pa.schema(
         ("grid", pa.string()),
         ("block", pa.string()),
         ("coll_name", pa.string()),
+        ("pg_name", pa.string()),
+        ("group_size", pa.int32()),
+        ("src_rank", pa.int32()),
+        ("dst_rank", pa.int32()),
         ("proc", pa.int64()),
         ("context", pa.int64()),
     ]
@@ -275,21 +281,44 @@ def read_nvtx(export: Export, offset_ns: int, strings: Strings) -> pa.Table:
     text_id = "n.textId" if "textId" in present else "NULL"
     tid_col = "COALESCE(n.globalTid, n.endGlobalTid)" if "endGlobalTid" in present else "n.globalTid"
     types = ", ".join(str(t) for t in NVTX_RANGE_TYPES)
+    schemas = payload_schemas(export) if "binaryData" in present else {}
+    blob = "n.binaryData" if schemas else "NULL"
     sql = (
         f"SELECT n.start + ?, {_DUR.format(t='n')}, {_PID.format(col=tid_col)}, {_TID.format(col=tid_col)}, "
-        f"{text}, {text_id} FROM {NVTX} n WHERE n.eventType IN ({types})"
+        f"{text}, {text_id}, {blob} FROM {NVTX} n WHERE n.eventType IN ({types})"
     )
     schema = pa.schema([("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()),
-                        ("text", pa.string()), ("text_id", pa.int64())])  # fmt: skip
+                        ("text", pa.string()), ("text_id", pa.int64()), ("blob", pa.binary())])  # fmt: skip
     raw = _fetch(export, sql, (offset_ns,), schema)
     text_arr = pc.coalesce(raw.column("text"), strings.lookup(raw.column("text_id")))
-    raw = raw.drop_columns(["text", "text_id"]).append_column("text", text_arr)
-    classified = classify_nvtx(raw.column("text"))
-    raw = raw.drop_columns(["text"])
+    classified = classify_nvtx(text_arr)
+    raw = raw.drop_columns(["text", "text_id"])
     for f in classified.schema:
         raw = raw.append_column(f.name, classified.column(f.name))
+    if raw.column("blob").null_count < raw.num_rows:
+        raw = _with_payload_fields(raw, schemas)
     raw = raw.append_column("proc", raw.column("pid"))
     return _finish(raw, {"category": NVTX})
+
+
+def _with_payload_fields(raw: pa.Table, schemas: dict) -> pa.Table:
+    """Collective fields of the NCCL ranges that carry a payload blob (Python only over those rows)."""
+    has = np.flatnonzero(pc.is_valid(raw.column("blob")).to_numpy(zero_copy_only=False))
+    picked = pa.array(has, pa.int64())
+    fields = nccl_range_fields(
+        pc.take(raw.column("name"), picked).to_pylist(), pc.take(raw.column("blob"), picked).to_pylist(), schemas
+    )
+    n = raw.num_rows
+    for name, values in fields.items():
+        typ = ROW_SCHEMA.field(name).type
+        column = pa.nulls(n, typ)
+        if any(v is not None for v in values):
+            full: list[object] = [None] * n
+            for i, v in zip(has.tolist(), values, strict=True):
+                full[i] = v
+            column = pa.array(full, typ)
+        raw = raw.append_column(name, column)
+    return raw
 
 
 READERS: dict[str, Callable[[Export, int, Strings], pa.Table]] = {

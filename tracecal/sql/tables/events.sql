@@ -59,7 +59,7 @@ COMMENT ON COLUMN events.fwd_thread_id IS 'for backward ops: the thread that ran
 COMMENT ON COLUMN events.input_dims IS 'Input Dims as JSON text, e.g. [[8,512],[512,1024]]';
 COMMENT ON COLUMN events.input_types IS 'Input type as JSON text, e.g. ["float","float"]';
 COMMENT ON COLUMN events.concrete_inputs IS 'Concrete Inputs as JSON text (scalar arguments)';
-COMMENT ON COLUMN events.bytes IS 'bytes copied or set (memcpy, memset)';
+COMMENT ON COLUMN events.bytes IS 'bytes copied or set (memcpy, memset); message size of an Nsight NCCL NVTX range';
 COMMENT ON COLUMN events.grid IS 'kernel grid dims as JSON text';
 COMMENT ON COLUMN events.block IS 'kernel block dims as JSON text';
 COMMENT ON COLUMN events.coll_name IS 'Collective name arg (allreduce, send, ...) on record_param_comms/NCCL kernels';
