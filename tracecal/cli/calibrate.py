@@ -1,0 +1,223 @@
+"""`calibrate --cluster NAME` (= `tracecal calibrate`): fit, validate and store a cluster's regressors.
+
+Prints two tables: hold-out validation on samples per model group (with the published error next to
+ours when the samples are GPUModeling25's and ``--published DIR`` names their tuned-config file), and
+in-trace validation on the operators of the cluster's ingested runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Any
+
+import polars as pl
+import typer
+
+from tracecal.cli.common import DbOption, progress_bar, render_rows, stdout, user_errors, warn
+from tracecal.config import Settings, model_store_dir
+
+COMM = "comm"
+
+
+def _num(value: Any, digits: int = 2) -> Any:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return round(float(value), digits)
+
+
+def summary(report: pl.DataFrame) -> list[dict[str, Any]]:
+    """Ours vs published over the groups that have a published error: compute and comm separately.
+
+    For collectives, ``consistent`` counts only sweeps whose status is ok (noise level ≤ threshold).
+    """
+    out = []
+    for scope, part in (
+        ("compute", report.filter(pl.col("family") != COMM)),
+        ("comm", report.filter(pl.col("family") == COMM)),
+    ):
+        both = part.filter(pl.col("published_mape").is_not_null() & pl.col("mape").is_not_null())
+        if both.height == 0:
+            continue
+        wins = both.filter(pl.col("mape") < pl.col("published_mape")).height
+        consistent = both.filter(pl.col("status") == "ok")
+        out.append(
+            {
+                "scope": scope,
+                "groups": both.height,
+                "lower_than_published": wins,
+                "share_lower": wins / both.height,
+                "median_mape": float(both.get_column("mape").median()),  # type: ignore[arg-type]
+                "median_published": float(both.get_column("published_mape").median()),  # type: ignore[arg-type]
+                "consistent_groups": consistent.height,
+                "consistent_max_mape": (
+                    float(consistent.get_column("mape").max()) if consistent.height else None  # type: ignore[arg-type]
+                ),
+            }
+        )
+    return out
+
+
+def calibrate(
+    cluster: Annotated[str, typer.Option("--cluster", help="Cluster whose samples to calibrate (samples.cluster).")],
+    family: Annotated[str | None, typer.Option("--family", help="Only this op family (e.g. gemm, comm).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON instead of tables.")] = False,
+    report: Annotated[
+        Path | None, typer.Option("--report", help="Write the hold-out table as CSV (one row per op × direction).")
+    ] = None,
+    published: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--published",
+            help="Directory of a GPUModeling25 tuned-config file (<GPU>.csv) whose Best_error% to show next to "
+            "ours; repeat for compute and NCCL.",
+        ),
+    ] = None,
+    folds: Annotated[int, typer.Option("--folds", min=2, help="k of the k-fold model selection.")] = 3,
+    db: DbOption = None,
+) -> None:
+    """Fit XGBoost / random-forest / physical regressors per family × direction (and collective ×
+    topology) on the cluster's samples, choose by cross-validation, validate on the hold-out split
+    (the published 80/20 one for imported samples) and on the traced operators of the cluster's runs,
+    and store the models next to the database."""
+    with user_errors():
+        from tracecal.calibrate import calibrate_cluster, load
+        from tracecal.calibrate.in_trace import in_trace_report, traced_rows
+        from tracecal.sql.connection import open_database
+
+        settings = Settings.resolve(db)
+        published_frame = _published(published or [])
+        with open_database(settings.db_path) as con, progress_bar() as bar:
+            task = bar.add_task("calibrating", total=None)
+
+            def progress(key: Any, index: int, total: int) -> None:
+                bar.update(task, completed=index, total=total, description=f"{key.label} {key.direction}")
+
+            result = calibrate_cluster(
+                con,
+                cluster,
+                store_dir=model_store_dir(settings.db_path),
+                family=family,
+                published=published_frame,
+                folds=folds,
+                on_group=progress,
+            )
+            bar.update(task, completed=len(result.results), description="calibrated")
+            rows = traced_rows(con, cluster)
+            trace_table = None
+            if rows.height:
+                models = load(cluster, con, store_dir=model_store_dir(settings.db_path))
+                trace_table = in_trace_report(rows, models.predict(rows))
+        table = result.report
+        if report is not None:
+            table.select(
+                "op", "direction", "model", "n_train", "n_test", "excluded", "mape", "p90_ape", "published_mape",
+                "p50_ape", "max_ape", "cv_mape", "noise_ape", "family", "topology", "protocol", "status",
+            ).write_csv(report)  # fmt: skip
+        if as_json:
+            stdout.print_json(
+                json.dumps(
+                    {
+                        "cluster": cluster,
+                        "models_stored": result.stored,
+                        "holdout": table.to_dicts(),
+                        "summary": summary(table),
+                        "in_trace": None if trace_table is None else trace_table.to_dicts(),
+                    },
+                    default=str,
+                )
+            )
+            return
+        _print_holdout(cluster, table)
+        if trace_table is None:
+            stdout.print(
+                f"in-trace validation: no ingested run has cluster {cluster!r} "
+                f"(ingest one with `tracecal ingest RUN --cluster {cluster}`)"
+            )
+        else:
+            _print_in_trace(cluster, trace_table)
+        if published is None and table.get_column("protocol").to_list().count("published"):
+            warn("these are published samples; pass --published DIR to show the published errors next to ours")
+        stdout.print(
+            f"stored {result.stored} models in {model_store_dir(settings.db_path)} "
+            f"(`tracecal sql \"select * from models where cluster='{cluster}'\"`)"
+        )
+        if report is not None:
+            stdout.print(f"wrote {report}")
+
+
+def _published(directories: list[Path]) -> pl.DataFrame | None:
+    if not directories:
+        return None
+    from tracecal.samplers.importers.gpumodeling25 import published_errors
+
+    return pl.concat([published_errors(d) for d in directories])
+
+
+def _print_holdout(cluster: str, table: pl.DataFrame) -> None:
+    columns = [
+        "family", "op", "dir", "topology", "model", "train", "test", "excl",
+        "MAPE %", "p50 %", "p90 %", "max %", "published %", "noise %", "status",
+    ]  # fmt: skip
+    rows = [
+        [
+            r["family"],
+            r["op"],
+            r["direction"],
+            r["topology"],
+            r["model"],
+            r["n_train"],
+            r["n_test"],
+            r["excluded"],
+            _num(r["mape"]),
+            _num(r["p50_ape"]),
+            _num(r["p90_ape"]),
+            _num(r["max_ape"]),
+            _num(r["published_mape"]),
+            _num(r["noise_ape"]),
+            r["status"],
+        ]
+        for r in table.iter_rows(named=True)
+    ]
+    render_rows(f"hold-out validation on samples of {cluster} (errors in %)", columns, rows)
+    for s in summary(table):
+        stdout.print(
+            f"{s['scope']}: ours lower than published on {s['lower_than_published']}/{s['groups']} groups "
+            f"({100 * s['share_lower']:.0f} %); median MAPE {s['median_mape']:.2f} % vs published "
+            f"{s['median_published']:.2f} %"
+            + (
+                f"; {s['consistent_groups']} self-consistent groups, worst {s['consistent_max_mape']:.2f} %"
+                if s["scope"] == COMM and s["consistent_max_mape"] is not None
+                else ""
+            )
+        )
+
+
+def _print_in_trace(cluster: str, table: pl.DataFrame) -> None:
+    columns = ["run", "family", "ops", "predicted", "measured ms", "predicted ms", "covered %", "MAPE %",
+               "p50 %", "p90 %", "max %"]  # fmt: skip
+    rows = [
+        [
+            r["run_id"],
+            r["family"],
+            r["operators"],
+            r["predicted"],
+            _num(r["measured_ms"], 3),
+            _num(r["predicted_ms"], 3),
+            _num(None if r["covered_share"] is None else 100 * r["covered_share"], 1),
+            _num(r["mape"]),
+            _num(r["p50_ape"]),
+            _num(r["p90_ape"]),
+            _num(r["max_ape"]),
+        ]
+        for r in table.iter_rows(named=True)
+    ]
+    render_rows(f"in-trace validation: traced operators of {cluster}'s runs vs the models", columns, rows)
+
+
+def main() -> None:
+    """Console script ``calibrate``: the same command as ``tracecal calibrate``."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(calibrate)
+    app()

@@ -1,0 +1,20 @@
+-- calibrate_traced_operators: traced compute operators of every run taken on one cluster, for the
+-- in-trace validation of `calibrate --cluster NAME` (tracecal.calibrate.in_trace).
+-- Parameter $1: cluster (runs.cluster). Communication kernels are left out: collectives come from the
+-- `collectives` table (calibrate_traced_collectives.sql), which carries their sizes and topology.
+-- Columns:
+--   run_id, rank, event_id   the operator (see `operators`)
+--   kind, name, cpu_op_name  activity kind, kernel/operator name, innermost CPU operator
+--   family, phase            op family and phase (SPEC §5.1, §5.2)
+--   dur_ns                   measured duration, ns
+--   <shape columns>          schema.SHAPE_COLUMNS of the operator (batch ... io_bytes)
+SELECT
+    o.run_id, o.rank, o.event_id, o.kind, o.name, o.cpu_op_name, o.family, o.phase, o.dur_ns,
+    o.batch, o.m, o.n, o.k, o.heads, o.seq_q, o.seq_k, o.head_dim, o.causal, o.elements, o.tokens,
+    o.vocab, o.hidden, o.params, o.dtype, o.flops, o.io_bytes
+FROM operators AS o
+JOIN runs AS r USING (run_id)
+WHERE r.cluster = $1
+  AND o.family IS DISTINCT FROM 'comm'
+  AND o.dur_ns > 0
+ORDER BY o.run_id, o.rank, o.event_id
