@@ -53,6 +53,7 @@ class _Usage:
         self.main_peak = 0
         self.worker_peak = 0
         self._child_cpu: dict[int, float] = {}
+        self._own_cpu = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -66,12 +67,14 @@ class _Usage:
                     self.worker_peak = max(self.worker_peak, child.memory_info().rss)
                     times = child.cpu_times()
                     self._child_cpu[child.pid] = times.user + times.system
+            self._own_cpu = time.thread_time()
             self._stop.wait(0.01)
 
     @property
     def cpu_seconds(self) -> float:
+        """CPU of the process tree since start, less the sampler thread's own."""
         times = self.process.cpu_times()
-        return times.user + times.system + sum(self._child_cpu.values()) - self._cpu_at_start
+        return times.user + times.system + sum(self._child_cpu.values()) - self._cpu_at_start - self._own_cpu
 
     def __enter__(self) -> _Usage:
         times = self.process.cpu_times()
@@ -154,6 +157,8 @@ def _run_child(case: str, run: Path) -> dict[str, Any]:
         [sys.executable, __file__, "--child", case, str(run)], capture_output=True, text=True, check=False
     )
     if out.returncode != 0:
+        if case == "hta":  # HTA's own failures are results too (it cannot read every trace)
+            return {"failed": out.stderr.strip().splitlines()[-1]}
         sys.exit(f"{case} on {run} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -199,6 +204,7 @@ def compare(paths: list[Path], with_hta: bool) -> None:
         size = _uncompressed_bytes(files)
         cases = ["tracecal-j1"] + (["tracecal-j2"] if len(files) > 1 else []) + (["hta"] if with_hta else [])
         results = {case: _run_child(case, path) for case in cases}
+        hta_failure = results.pop("hta")["failed"] if "failed" in results.get("hta", {}) else None
         hta = results.get("hta")
         for case, r in results.items():
             load = r.get("load", r["wall"])
@@ -213,6 +219,8 @@ def compare(paths: list[Path], with_hta: bool) -> None:
                 f"{decode:>8s} {r['wall']:7.2f} {cpu:>12s} {size / 1e6 / load:6.1f} {r['main_rss'] / 1e6:8.0f} "
                 f"{r['worker_rss'] / 1e6:7.0f}   {ratio}"
             )
+        if hta_failure is not None:
+            print(f"{path.name[:30]:30s} {'hta':11s} failed: {hta_failure[:110]}")
         if "tracecal-j2" in results:
             j1, j2 = results["tracecal-j1"]["load"], results["tracecal-j2"]["load"]
             print(f"{'':30s} parse + load speed-up from 1 to 2 workers: {j1 / j2:.2f}x")
