@@ -106,15 +106,14 @@ def _read_all(export: Export, offset: int, warnings: list[str]) -> pa.Table:
 
 def _resolve_sync_devices(sync: pa.Table, gpu: list[pa.Table]) -> pa.Table:
     """Fill ``device``/``pid`` of sync records from the (process, context) -> device map of GPU activity."""
-    ctx_device: dict[tuple[int, int], int] = {}
-    for part in gpu:
-        pairs = part.group_by(["proc", "context"]).aggregate([("device", "min")])
-        for row in pairs.to_pylist():
-            key = (row["proc"], row["context"])
-            if row["device_min"] is not None:
-                ctx_device[key] = min(row["device_min"], ctx_device.get(key, row["device_min"]))
-    keys = zip(sync.column("proc").to_pylist(), sync.column("context").to_pylist(), strict=True)
-    device = pa.array([ctx_device.get(k) for k in keys], pa.int32())
+    if not gpu or sync.num_rows == 0:
+        return sync
+    pairs = pa.concat_tables([p.select(["proc", "context", "device"]) for p in gpu])
+    ctx = pairs.group_by(["proc", "context"]).aggregate([("device", "min")])
+    keyed = sync.select(["proc", "context"]).append_column("_row", pa.array(np.arange(sync.num_rows)))
+    # a join on the (small) sync table only; the row number restores the original order
+    joined = keyed.join(ctx, keys=["proc", "context"], join_type="left outer").sort_by("_row")
+    device = pc.cast(joined.column("device_min"), pa.int32())
     sync = sync.set_column(sync.schema.get_field_index("device"), "device", device)
     return sync.set_column(sync.schema.get_field_index("pid"), "pid", pc.cast(device, pa.int64()))
 
