@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracecal import __version__
-from tracecal.errors import InputNotFoundError, SampleError, SchemaError
+from tracecal.errors import InputNotFoundError, SampleError
 from tracecal.schema import SAMPLES, SCHEMA_VERSION, arrow_schema
 from tracecal.sql.connection import query_arrow
 
@@ -173,24 +173,11 @@ def existing_sample_ids(con: duckdb.DuckDBPyConnection, cluster: str) -> set[str
     return {r[0] for r in rows}
 
 
-def _from_view(con: duckdb.DuckDBPyConnection, view: str, sql: str, params: list[Any]) -> pa.Table:
-    try:
-        return query_arrow(con, sql, params)
-    except duckdb.CatalogException as exc:
-        # views are (re)created when a database is opened for writing; a read-only open of a
-        # database written by an older tracecal lacks the newer ones
-        raise SchemaError(
-            f"the database has no view {view} (written by an older tracecal); open it once for writing, "
-            "e.g. `tracecal samples flag --cluster NAME`, or re-import into a new --db"
-        ) from exc
-
-
 def samples_overview(con: duckdb.DuckDBPyConnection, cluster: str | None = None) -> pa.Table:
     """Rows of the ``samples_overview`` view (per cluster, family, op, direction, source), optionally
     for one cluster."""
-    return _from_view(
+    return query_arrow(
         con,
-        "samples_overview",
         "SELECT * FROM samples_overview WHERE $1::VARCHAR IS NULL OR cluster = $1 "
         "ORDER BY cluster, family, op, direction, source",
         [cluster],
@@ -199,9 +186,8 @@ def samples_overview(con: duckdb.DuckDBPyConnection, cluster: str | None = None)
 
 def flag_counts(con: duckdb.DuckDBPyConnection, cluster: str | None = None) -> pa.Table:
     """Rows of the ``sample_flags`` view (flagged samples per cluster, reason, family and op)."""
-    return _from_view(
+    return query_arrow(
         con,
-        "sample_flags",
         "SELECT * FROM sample_flags WHERE $1::VARCHAR IS NULL OR cluster = $1 ORDER BY cluster, reason, family, op",
         [cluster],
     )
