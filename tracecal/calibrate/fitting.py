@@ -46,6 +46,10 @@ TRAINING_COLUMNS = (
 """The sample columns a stored model keeps as its training data (for refit-on-load and routing)."""
 
 
+ALL_OPS = "*"
+"""``GroupKey.op`` of a group that pools every op of its family (samples not imported per op)."""
+
+
 @dataclass(frozen=True)
 class GroupKey:
     """What a model serves: family, direction, source op and (collectives) topology ``"NxG"``."""
@@ -57,7 +61,10 @@ class GroupKey:
 
     @property
     def label(self) -> str:
-        """The published name of the group: ``linear1``, or ``allreduce_2_4`` for a collective."""
+        """The published name of the group: ``linear1``, or ``allreduce_2_4`` for a collective; the
+        family (``gemm``) for a group pooling every sampled op of a family."""
+        if self.op == ALL_OPS:
+            return self.family if self.topology is None else f"{self.family}_{self.topology}"
         if self.topology is None:
             return self.op
         return f"{self.op}_{self.topology.replace('x', '_')}"
@@ -105,17 +112,25 @@ def model_groups(samples: pl.DataFrame, family: str | None = None) -> list[tuple
     if "pooled" in frame.columns:
         split_ops = set(frame.filter(~pl.col("pooled").fill_null(False))["op"].to_list())
         frame = frame.filter(~(pl.col("pooled").fill_null(False) & pl.col("op").is_in(list(split_ops))))
+    # imported published samples keep one group per source op (the unit the published errors are
+    # for); sampled compute ops pool per family (aten::mm, aten::addmm, ... are one GEMM cost model);
+    # collectives stay per collective
+    imported = pl.col("source").fill_null("").str.starts_with("imported:")
     frame = frame.with_columns(
         pl.when(pl.col("family") == COMM_FAMILY)
         .then(pl.format("{}x{}", pl.col("nodes"), pl.col("gpus_per_node")))
         .otherwise(None)
-        .alias("_topology")
+        .alias("_topology"),
+        pl.when(imported | (pl.col("family") == COMM_FAMILY))
+        .then(pl.col("op"))
+        .otherwise(pl.lit(ALL_OPS))
+        .alias("_op"),
     )
     groups = []
     for (fam, direction, op, topology), rows in frame.group_by(
-        ["family", "direction", "op", "_topology"], maintain_order=True
+        ["family", "direction", "_op", "_topology"], maintain_order=True
     ):
-        groups.append((GroupKey(str(fam), str(direction), str(op), topology), rows.drop("_topology")))
+        groups.append((GroupKey(str(fam), str(direction), str(op), topology), rows.drop("_topology", "_op")))
     return sorted(groups, key=lambda g: (g[0].family, g[0].op, g[0].topology or "", g[0].direction))
 
 

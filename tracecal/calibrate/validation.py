@@ -29,7 +29,7 @@ from tracecal.sql.samples import sample_id
 
 HOLDOUT_FRACTION = 0.2
 PUBLISHED_SEED = 42
-MIN_SAMPLES = 20
+MIN_SAMPLES = 12
 """A group with fewer usable samples says "too few samples" instead of fitting."""
 
 CONSISTENT_NOISE_PCT = 5.0
@@ -125,12 +125,15 @@ def noise_level(size: np.ndarray, measured: np.ndarray, split: Split, neighbours
     """
     train_size = size[split.train]
     order = np.argsort(train_size, kind="stable")
-    xs, ys = train_size[order], measured[split.train][order]
+    lx, ly = np.log(train_size[order]), np.log(measured[split.train][order])
     predicted = np.empty(len(split.test))
-    for i, x in enumerate(size[split.test]):
-        at = int(np.searchsorted(xs, x))
-        lo, hi = max(0, at - neighbours), min(len(xs), at + neighbours)
+    for i, x in enumerate(np.log(size[split.test])):
+        at = int(np.searchsorted(lx, x))
+        lo, hi = max(0, at - 2 * neighbours), min(len(lx), at + 2 * neighbours)
         window = np.arange(lo, hi)
-        nearest = window[np.argsort(np.abs(xs[window] - x), kind="stable")[:neighbours]]
-        predicted[i] = np.median(ys[nearest])
+        nearest = window[np.argsort(np.abs(lx[window] - x), kind="stable")[:neighbours]]
+        # shift each neighbour to the test size along the local log-log trend, so a steep trend
+        # between sparse samples is not mistaken for noise
+        slope = np.polyfit(lx[window], ly[window], 1)[0] if np.ptp(lx[window]) > 0 else 0.0
+        predicted[i] = np.exp(np.median(ly[nearest] + slope * (x - lx[nearest])))
     return float(np.mean(ape(predicted, measured[split.test])))
