@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,26 @@ def test_cli_reports_an_inconsistent_config_in_one_line(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "--layers 4 is not divisible by --pp 3" in result.output
     assert not (tmp_path / "r").exists()
+
+
+def test_single_stage_schedule_accumulates_the_mean_loss_gradient() -> None:
+    from torch.nn import functional as F
+
+    from tracecal.samplers.workload.schedule import run_1f1b
+    from tracecal.samplers.workload.train import _autocast
+
+    cfg = WorkloadConfig(pp=1, layers=1, hidden=32, heads=2, seq=8, vocab=64, micro_batches=3)
+    batches = micro_batches(cfg, 0, step=0)
+    scheduled = GPTStage(cfg, _state(cfg, 0))
+    losses = run_1f1b(scheduled, _state(cfg, 0), batches)
+    plain = GPTStage(cfg, _state(cfg, 0))
+    expected = [F.cross_entropy(plain(x).flatten(0, 1), y.flatten()) for x, y in batches]
+    (sum(expected) / len(expected)).backward()
+    assert [float(v) for v in losses] == pytest.approx([float(v.detach()) for v in expected], rel=1e-6)
+    for (name, p), q in zip(scheduled.named_parameters(), plain.parameters(), strict=True):
+        assert p.grad is not None and torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-7), name
+    # bfloat16 runs the forward under autocast: close to float32, but not the same numbers
+    bf16 = replace(cfg, dtype="bfloat16")
+    low = run_1f1b(GPTStage(bf16, _state(bf16, 0)), _state(bf16, 0), batches, _autocast(bf16, torch.device("cpu")))
+    assert [float(v) for v in low] == pytest.approx([float(v) for v in losses], rel=2e-2)
+    assert [float(v) for v in low] != [float(v) for v in losses]
