@@ -1,10 +1,11 @@
 """Loading runs into the database: discover, parse in worker processes, insert, one transaction per run.
 
 ``ingest_runs(con, run_dirs, options) -> IngestReport`` is the library side of ``trace-ingest``.
-Files are parsed by a pool of worker processes (one file per task, at most ``workers`` files in
-flight) and each rank is inserted as soon as it arrives and then dropped, so neither a worker nor
-the loader ever holds a whole run. Each run is one DuckDB transaction: its old rows are deleted from
-every run table, the new ones inserted, and any failure rolls back so the database is unchanged.
+Files are parsed by a pool of worker processes (``tracecal.ingest.pool``: one file per task, at most
+``workers`` files in flight; small runs in this process) and each rank is inserted as soon as it
+arrives and then dropped, so neither a worker nor the loader ever holds a whole run. Each run is one
+DuckDB transaction: its old rows are deleted from every run table, the new ones inserted and decoded,
+and any failure rolls back so the database is unchanged.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class IngestOptions:
 
     Attributes:
         run_id: id of the run; only with a single run directory (default: the directory name).
-        workers: parser processes; 1 parses in the calling process (no pool start-up cost).
+        workers: parser processes; 1 parses in the calling process (no start-up cost), as do runs
+            under ``tracecal.ingest.pool.PARALLEL_MIN_BYTES`` of trace whatever the value.
         on_error: ``raise`` stops at the first bad file (the run is rolled back); ``skip`` leaves
             the file (or a run whose every file failed) out and reports it.
         cluster: cluster the run was taken on, stored in ``runs.cluster``.
