@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -182,15 +183,16 @@ def run_layout(run_dir: Path, flags: ParallelLayout | None = None) -> ParallelLa
     """The parallel layout from the strongest source that answers: flags > run name > layout
     sub-directory > training log > run.json. Flags given alone (``--nodes 4``) override single
     fields of the layout found; ``run.json`` is always kept as metadata."""
-    metadata = _read_run_json(run_dir) if run_dir.is_dir() else None
+    is_dir = run_dir.is_dir()
+    metadata = _read_run_json(run_dir) if is_dir else None
     named = layout_from_run_name(run_dir.name)
-    candidates = [
-        named,
-        _layout_from_subdirectory(run_dir) if run_dir.is_dir() else None,
-        _layout_from_log(run_dir) if run_dir.is_dir() else None,
-        _layout_from_run_json(metadata) if metadata is not None else None,
+    candidates: list[Callable[[], ParallelLayout | None]] = [  # tried in order, lazily: logs can be large
+        lambda: named,
+        lambda: _layout_from_subdirectory(run_dir) if is_dir else None,
+        lambda: _layout_from_log(run_dir) if is_dir else None,
+        lambda: _layout_from_run_json(metadata) if metadata is not None else None,
     ]
-    found = next((c for c in candidates if c is not None and c.known), ParallelLayout())
+    found = next((c for c in (source() for source in candidates) if c is not None and c.known), ParallelLayout())
     layout = flags.merged(found) if flags is not None else found
     if flags is not None and flags.known:
         layout = replace(layout, source="flags")
