@@ -163,6 +163,7 @@ def events_to_batch(path: Path, events: list[Event], offset: int) -> pa.RecordBa
     with_args = [i for i, a in enumerate(args) if a is not None and a != _NO_ARGS]
     core_args = [args[i] for i in with_args]
     core = _Sparse(_transpose(core_args, _CORE_FIELDS), with_args, n)
+    # Collective args come as a set (record_param_comms, NCCL kernels): any of these keys marks one.
     with_comm = [
         j
         for j, a in enumerate(core_args)
