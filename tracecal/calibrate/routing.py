@@ -10,7 +10,8 @@ The stable interface the replay uses (``tracecal.predict``)::
 ``size_bytes``, ``group_size``, ``nodes``, ``gpus_per_node``), or a mix.
 
 Routing, per row: the candidates are the models of the row's family and direction (``phase`` bwd →
-bwd, anything else → fwd; collectives: the same collective and topology ``nodes × gpus_per_node``).
+bwd, anything else → fwd; GEMMs always fwd, see ``direction_of``; collectives: the same collective
+and topology ``nodes × gpus_per_node``).
 A candidate whose source op is the row's operator name wins; otherwise the candidate whose training
 samples lie nearest to the row's shape (log scale, per-feature standardised) serves it — e.g. a
 traced ``aten::mm`` of shape 8192×6144×1536 goes to the published GEMM sweep that sampled the nearest
@@ -30,8 +31,16 @@ from tracecal.calibrate.store import StoredModel
 _FAR = 1e6  # distance of a row to a model when a domain feature the model trained on is missing
 
 
-def direction_of(phase: str | None) -> str:
-    """The sample direction a traced phase is predicted with."""
+def direction_of(phase: str | None, family: str | None = None) -> str:
+    """The sample direction a traced operator of ``phase`` is predicted with.
+
+    A GEMM traced in the backward pass is still one GEMM of its own (recorded) shape, so it takes the
+    forward model; a ``bwd`` GEMM sample times the whole backward of a forward shape (two GEMMs).
+    Other families' backward operators (``*_backward`` kernels) record the forward shape and take
+    the ``bwd`` model.
+    """
+    if family == "gemm":
+        return "fwd"
     return "bwd" if phase == "bwd" else "fwd"
 
 
@@ -154,7 +163,7 @@ class CalibratedModels:
             if family == COMM_FAMILY:
                 slot = (COMM_FAMILY, comm["collective"][i], _topology(comm["nodes"][i], comm["gpn"][i]))
             else:
-                slot = (family, direction_of(phases[i]))
+                slot = (family, direction_of(phases[i], family))
             if slot in self._by_slot:
                 slots[slot].append(i)
         for slot, rows in slots.items():
