@@ -339,3 +339,21 @@ def test_four_stages_with_fewer_micro_batches_than_stages(tmp_path: Path) -> Non
                 assert count(trace, "c10d::send", scope) == cfg.micro_batches * active
     losses = json.loads((run / "run.json").read_text())["losses"]
     assert losses == pytest.approx(reference_losses(cfg), rel=1e-4)
+
+
+def test_under_torchrun_each_process_is_one_rank(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from tracecal.samplers.workload.launch import config_args, free_port
+
+    cfg = replace(TINY, pp=2, layers=2, steps=3)
+    out = tmp_path / "gpt_tiny_2_1_1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+           str(free_port()), "-m", "tracecal.samplers.workload", *config_args(cfg), "--out", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(p.name for p in out.iterdir()) == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz", "run.json"]
+    meta = json.loads((out / "run.json").read_text())
+    assert (meta["world_size"], meta["gpus_per_node"], meta["nodes"]) == (2, 2, 1)
+    assert meta["losses"] == pytest.approx(reference_losses(cfg), rel=1e-4)
