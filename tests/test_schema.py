@@ -52,3 +52,14 @@ def test_read_only_sessions_see_current_views_over_stale_stored_ones(db_path: Pa
         columns = [d[0] for d in con.execute("SELECT * FROM best_iteration").description]
     assert "written_by_an_old_version" not in columns
     assert "run_id" in columns
+
+
+def test_a_database_with_other_columns_is_refused_with_advice(db_path: Path) -> None:
+    import pytest
+
+    from tracecal.errors import SchemaError
+
+    with open_database(db_path) as con:
+        con.execute("ALTER TABLE models ADD COLUMN from_an_old_build INTEGER")
+    with pytest.raises(SchemaError, match=r"table models .* new database"), open_database(db_path):
+        pass

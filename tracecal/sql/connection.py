@@ -61,7 +61,24 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
         )
     for path in table_ddl_files():
         con.execute(path.read_text())
+    _check_columns(con)
     create_views(con)
+
+
+def _check_columns(con: duckdb.DuckDBPyConnection) -> None:
+    """Refuse a database whose tables were created with other columns (an older development build)."""
+    stored: dict[str, list[str]] = {}
+    for table_name, column_name in con.execute(
+        "SELECT table_name, column_name FROM duckdb_columns() "
+        "WHERE schema_name = 'main' AND database_name = current_database() ORDER BY table_name, column_index"
+    ).fetchall():
+        stored.setdefault(table_name, []).append(column_name)
+    for table in TABLES:
+        if stored.get(table.name) != table.column_names:
+            raise SchemaError(
+                f"table {table.name} in this database has other columns than this tracecal expects "
+                "(written by another version); use a new database (--db NEW.duckdb) and re-ingest"
+            )
 
 
 def create_views(con: duckdb.DuckDBPyConnection, *, temporary: bool = False) -> None:
