@@ -31,10 +31,11 @@ def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
     elapsed = time.perf_counter() - started
     assert result.exit_code == 0, result.output
     out = result.output
-    for stage in ("[1/5] workload", "[2/5] ingest", "[3/5] sample", "[5/5] predict"):
+    for stage in ("[1/5] workload", "[2/5] ingest", "[3/5] sample", "[4/5] calibrate", "[5/5] predict"):
         assert stage in out
     assert "measured-mode replay reproduces every rank within 0.000 %" in out
     assert "| overall |" in out
+    assert "overall iteration error (slowest rank" in out
     assert (tmp_path / "demo.duckdb").stat().st_size > 0
     assert (tmp_path / "figures" / "component_proportions.png").exists()
     assert list((tmp_path / "figures").glob("timeline_rank*.png"))

@@ -1,7 +1,7 @@
-"""Calibrated duration models of a cluster, adapted to what the replay asks (``DurationModel``).
+"""Calibrated duration models of a cluster, as the replay asks for them (``DurationModel``).
 
-Calibration (``tracecal.calibrate``) fits and stores the regressors; this module only loads them for
-a cluster and hands the replay's operator and collective rows to them.
+Calibration (``tracecal.calibrate``) fits, stores and routes the regressors; this module only loads a
+cluster's models for the replay, which hands them its operator and collective-instance rows.
 """
 
 from __future__ import annotations
@@ -10,22 +10,16 @@ from pathlib import Path
 
 import duckdb
 
-from tracecal.errors import CalibrationError
 from tracecal.predict.durations import DurationModel
 
 
 def load_duration_model(con: duckdb.DuckDBPyConnection, store_dir: Path, cluster: str) -> DurationModel:
-    """The calibrated models of ``cluster`` (from the ``models`` table and the model store).
+    """The calibrated models of ``cluster`` (``models`` table rows and their artifacts in ``store_dir``).
 
     Raises:
-        CalibrationError: the cluster has no calibrated models (the message says how to make them).
+        CalibrationError: the cluster has no models, or an artifact is missing or incompatible (the
+            message says to run ``calibrate --cluster NAME``).
     """
-    from tracecal import calibrate
+    from tracecal.calibrate import load
 
-    loader = getattr(calibrate, "load", None)
-    if loader is None:
-        raise CalibrationError(
-            "this tracecal build has no calibrated-model loader (tracecal.calibrate.load); "
-            "replay with --mode measured or --scale FAMILY=FACTOR"
-        )
-    return loader(cluster, con=con, store_dir=store_dir)
+    return load(cluster, con=con, store_dir=store_dir)
