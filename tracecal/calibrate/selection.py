@@ -20,10 +20,10 @@ from tracecal.calibrate.estimators import DurationRegressor
 
 CANDIDATES: tuple[dict[str, Any], ...] = (
     {"kind": "physical"},
-    {"kind": "random_forest", "min_samples_leaf": 1, "max_features": 0.6},
-    {"kind": "random_forest", "min_samples_leaf": 4, "max_features": 1.0},
-    {"kind": "xgboost", "xgb_depth": 6, "learning_rate": 0.05, "xgb_estimators": 400},
-    {"kind": "xgboost", "xgb_depth": 3, "learning_rate": 0.1, "xgb_estimators": 300},
+    {"kind": "random_forest", "min_samples_leaf": 1, "max_features": 0.6, "n_estimators": 80},
+    {"kind": "random_forest", "min_samples_leaf": 4, "max_features": 0.6, "n_estimators": 80},
+    {"kind": "xgboost", "xgb_depth": 6, "learning_rate": 0.07, "xgb_estimators": 300},
+    {"kind": "xgboost", "xgb_depth": 3, "learning_rate": 0.15, "xgb_estimators": 200},
 )
 """The bounded search space (the blend of the best forest and booster is added implicitly)."""
 
