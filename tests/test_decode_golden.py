@@ -3,6 +3,8 @@ clock alignment, best iteration. Timestamps are small integers a person can chec
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import polars as pl
 import pytest
 from decode_helpers import events, kernel, launch, op, step
@@ -10,7 +12,9 @@ from decode_helpers import events, kernel, launch, op, step
 from tracecal.decode.align import apply_offsets, best_iteration, clock_offsets, match_collectives
 from tracecal.decode.collectives import Layout, busbw_factor, normalize_collective, role_of_group
 from tracecal.decode.rank import decode_rank
-from tracecal.errors import TraceFormatError
+from tracecal.errors import RunNotFoundError, TraceFormatError
+from tracecal.sql.connection import open_database
+from tracecal.sql.decoding import decode_stored_run
 
 NO_LAYOUT = Layout(world_size=2)
 
@@ -354,3 +358,13 @@ def test_gloo_work_linked_to_its_c10d_call_role_group_and_peer_from_layout() -> 
     assert ops["event_id"].to_list() == [2, 3, 5, 6, 7]
     assert by_id(ops, 3)["component"] == "comm_tp" and by_id(ops, 6)["component"] == "comm_pp"
     assert (by_id(ops, 7)["family"], by_id(ops, 7)["flops"]) == ("gemm", 2 * 256 * 128 * 256)
+
+
+def test_decode_stored_run_without_events_writes_nothing(tmp_path: Path) -> None:
+    with open_database(tmp_path / "t.duckdb") as con:
+        con.execute("INSERT INTO runs (run_id, world_size) VALUES ('empty', 1)")
+        summary = decode_stored_run(con, "empty")
+        assert (summary.ranks, summary.operators, summary.best_iteration) == (0, 0, None)
+        assert con.execute("SELECT count(*) FROM operators").fetchall() == [(0,)]
+        with pytest.raises(RunNotFoundError, match="not in the database"):
+            decode_stored_run(con, "nope")

@@ -187,8 +187,8 @@ def decode_stored_run(
                 if first <= rank <= last:
                     on_rank(rank)
 
-    if not ranks:
-        raise RunNotFoundError(f"run {run_id!r} has no stored ranks; re-ingest it (trace-ingest RUN_DIR)")
+    if not ranks:  # no complete events at all: nothing to derive, and nothing half-written either
+        return DecodeSummary(run_id, 0, 0, 0, None, 0, 0, 0, 0, False, None, None, time.perf_counter() - started)
     colls = pl.concat(collectives, how="vertical_relaxed")
     its = pl.concat(iterations, how="vertical_relaxed")
     if len(ranks) > 1:
