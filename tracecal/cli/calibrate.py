@@ -156,16 +156,13 @@ def _published(directories: list[Path]) -> pl.DataFrame | None:
 
 
 def _print_holdout(cluster: str, table: pl.DataFrame) -> None:
-    columns = [
-        "family", "op", "dir", "topology", "model", "train", "test", "excl",
-        "MAPE %", "p50 %", "p90 %", "max %", "published %", "noise %", "status",
-    ]  # fmt: skip
+    columns = ["family", "op", "dir", "model", "train", "test", "excl", "MAPE %", "p50 %", "p90 %", "max %",
+               "published %", "noise %", "status"]  # fmt: skip
     rows = [
         [
             r["family"],
             r["op"],
             r["direction"],
-            r["topology"],
             r["model"],
             r["n_train"],
             r["n_test"],
@@ -176,7 +173,7 @@ def _print_holdout(cluster: str, table: pl.DataFrame) -> None:
             _num(r["max_ape"]),
             _num(r["published_mape"]),
             _num(r["noise_ape"]),
-            r["status"],
+            _short(r["status"]),
         ]
         for r in table.iter_rows(named=True)
     ]
@@ -192,6 +189,13 @@ def _print_holdout(cluster: str, table: pl.DataFrame) -> None:
                 else ""
             )
         )
+
+
+def _short(status: str) -> str:
+    """``ok``, ``inconsistent`` (the noise column says how much) or ``too few (n=K)``."""
+    if status.startswith("too few samples"):
+        return f"too few (n={status.split(': ', 1)[1].split(' ', 1)[0]})"
+    return status.split(":", 1)[0]
 
 
 def _print_in_trace(cluster: str, table: pl.DataFrame) -> None:
