@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracecal.decode.nesting import covered, names_like
+from tracecal.decode.nesting import NameIndex, covered, names_like
 
 AUTOGRAD = r"Backward\d*\b|Backward\d*$|autograd::engine::evaluate_function"
 OPTIMIZER_SCOPE = (
@@ -49,7 +49,7 @@ COMPONENT_ORDER = (
 attributed to the first (so exposed communication is what remains visible beside compute)."""
 
 
-def _evidence(events: pl.DataFrame, pts: pl.DataFrame) -> pl.DataFrame:
+def _evidence(events: pl.DataFrame, pts: pl.DataFrame, names: NameIndex | None) -> pl.DataFrame:
     """Per launch point, whether each kind of evidence covers it, in one sweep.
 
     Autograd nodes count on the launching thread only; framework scopes on any thread of the process
@@ -58,10 +58,10 @@ def _evidence(events: pl.DataFrame, pts: pl.DataFrame) -> pl.DataFrame:
     """
     scopes = events.filter(pl.col("kind").is_in(_SCOPE_KINDS))
     sets = [
-        ("_autograd", events.filter((pl.col("kind") == "cpu_op") & names_like(events, AUTOGRAD)), True),
-        ("_opt", scopes.filter(names_like(events, OPTIMIZER_SCOPE)), False),
-        ("_bwd", scopes.filter(names_like(events, BACKWARD_SCOPE)), False),
-        ("_fwd", scopes.filter(names_like(events, FORWARD_SCOPE)), False),
+        ("_autograd", events.filter((pl.col("kind") == "cpu_op") & names_like(events, AUTOGRAD, names)), True),
+        ("_opt", scopes.filter(names_like(events, OPTIMIZER_SCOPE, names)), False),
+        ("_bwd", scopes.filter(names_like(events, BACKWARD_SCOPE, names)), False),
+        ("_fwd", scopes.filter(names_like(events, FORWARD_SCOPE, names)), False),
     ]
     iv_parts, pt_parts = [], []
     for tag, frame, per_thread in sets:
@@ -90,7 +90,7 @@ def _evidence(events: pl.DataFrame, pts: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def assign_phases(events: pl.DataFrame, operators: pl.DataFrame) -> pl.DataFrame:
+def assign_phases(events: pl.DataFrame, operators: pl.DataFrame, names: NameIndex | None = None) -> pl.DataFrame:
     """``operators`` plus ``phase`` (fwd, bwd, optimizer, other) and ``phase_evidence``.
 
     Args:
@@ -105,7 +105,7 @@ def assign_phases(events: pl.DataFrame, operators: pl.DataFrame) -> pl.DataFrame
         pl.col("uid").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )
-    out = operators.join(_evidence(events, pts).rename({"qid": "uid"}), on="uid", how="left")
+    out = operators.join(_evidence(events, pts, names).rename({"qid": "uid"}), on="uid", how="left")
     autograd = (
         pl.col("_autograd").fill_null(False)
         | pl.col("cpu_op_name").fill_null("").str.contains(AUTOGRAD)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import orjson
 import polars as pl
 
-from tracecal.decode.nesting import covered, enclosing, names_like
+from tracecal.decode.nesting import NameIndex, covered, enclosing, names_like
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
 
 COMM_KERNEL = r"(?i)^(nccl|rccl)\w*Kernel|^ncclDevKernel|^ncclKernel"
@@ -201,7 +201,7 @@ _ATTRS = [
 ]
 
 
-def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
+def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | None) -> pl.DataFrame:
     """Collective args of the innermost record_param_comms (``r_``), nccl:/gloo: annotation (``a_``)
     and c10d:: op (``c_``) enclosing each instance's launch on its thread: one sweep, a lane per kind."""
     iv_parts, pt_parts = [], []
@@ -213,7 +213,7 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
         pl.col("launch_ns").alias("t"),
     )
     for tag, kind, pattern in _CONTEXT:
-        src = events.filter((pl.col("kind") == kind) & names_like(events, pattern))
+        src = events.filter((pl.col("kind") == kind) & names_like(events, pattern, names))
         iv_parts.append(
             src.select("rank", "pid", "tid", pl.lit(tag).alias("tag"), pl.col("uid").alias("id"), "ts_ns", "end_ns")
         )
@@ -283,7 +283,7 @@ def _link_cpu_work(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     ).drop("_kind", "_k", "_pid", "_tid", "_launch")
 
 
-def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
+def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | None) -> pl.DataFrame:
     """Per instance: the first role of ``SCOPE_ROLES`` whose scope encloses the launch on its thread
     (``scope_role``), and the pipeline direction (``_next`` / ``_prev`` booleans)."""
     scopes = events.filter(pl.col("kind").is_in(["cpu_op", "user_annotation", "python_function", "nvtx"]))
@@ -297,7 +297,7 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     )
     iv = pl.concat(
         [
-            scopes.filter(names_like(events, pat)).select(
+            scopes.filter(names_like(events, pat, names)).select(
                 "rank", "pid", "tid", pl.lit(tag).alias("tag"), pl.col("uid").alias("id"), "ts_ns", "end_ns"
             )
             for tag, pat in sets
@@ -347,7 +347,12 @@ def _empty_collectives() -> pl.DataFrame:
 
 
 def rank_collectives(
-    events: pl.DataFrame, operators: pl.DataFrame, *, layout: Layout, gpu_ranks: Collection[int]
+    events: pl.DataFrame,
+    operators: pl.DataFrame,
+    *,
+    layout: Layout,
+    gpu_ranks: Collection[int],
+    names: NameIndex | None = None,
 ) -> pl.DataFrame:
     """The collective instances of one or more ranks, before cross-rank matching.
 
@@ -402,8 +407,8 @@ def rank_collectives(
     ]
     own = events.select("uid", *[pl.col(c).alias("k_" + c) for c in own_cols])
     inst = inst.join(own, on="uid", how="left")
-    inst = inst.join(_context_attrs(events, inst), on="uid", how="left")
-    inst = inst.join(_scope_evidence(events, inst), on="uid", how="left")
+    inst = inst.join(_context_attrs(events, inst, names), on="uid", how="left")
+    inst = inst.join(_scope_evidence(events, inst, names), on="uid", how="left")
 
     def first(field: str, prefixes: str = "kra") -> pl.Expr:
         return pl.coalesce([pl.col(p + "_" + field) for p in prefixes])

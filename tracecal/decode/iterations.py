@@ -15,7 +15,7 @@ from collections.abc import Collection
 
 import polars as pl
 
-from tracecal.decode.nesting import enclosing, names_like
+from tracecal.decode.nesting import NameIndex, enclosing, names_like
 from tracecal.errors import TraceFormatError
 
 DEFAULT_MARKER = r"^ProfilerStep#(\d+)$"
@@ -45,7 +45,7 @@ def _number(names: list[str], compiled: re.Pattern[str]) -> list[int]:
     return [n for n in numbers if n is not None]
 
 
-def iteration_windows(events: pl.DataFrame, marker: str | None = None) -> pl.DataFrame:
+def iteration_windows(events: pl.DataFrame, marker: str | None = None, names: NameIndex | None = None) -> pl.DataFrame:
     """The iteration windows of every rank in ``events``.
 
     Args:
@@ -67,7 +67,7 @@ def iteration_windows(events: pl.DataFrame, marker: str | None = None) -> pl.Dat
         compiled = re.compile(pattern)
     except re.error as exc:
         raise TraceFormatError(f"--iteration-marker {pattern!r} is not a valid regex: {exc}") from exc
-    cands = events.filter(pl.col("kind").is_in(_MARKER_KINDS) & names_like(events, pattern)).sort(
+    cands = events.filter(pl.col("kind").is_in(_MARKER_KINDS) & names_like(events, pattern, names)).sort(
         "rank", "ts_ns", "event_id"
     )
     # nested or repeated matches (a framework marker inside a python frame of the same name): keep

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracecal.decode.nesting import enclosing, names_like, parents
+from tracecal.decode.nesting import NameIndex, enclosing, names_like, parents
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
 RUNTIME_KINDS = ("cuda_runtime", "cuda_driver")
@@ -55,8 +55,8 @@ def with_end(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _cpu_ops(events: pl.DataFrame) -> pl.DataFrame:
-    return events.filter((pl.col("kind") == "cpu_op") & ~names_like(events, PROFILER_STEP))
+def _cpu_ops(events: pl.DataFrame, names: NameIndex | None = None) -> pl.DataFrame:
+    return events.filter((pl.col("kind") == "cpu_op") & ~names_like(events, PROFILER_STEP, names))
 
 
 def has_gpu_activity(events: pl.DataFrame) -> bool:
@@ -77,7 +77,7 @@ _CPU_COLS = {
 }
 
 
-def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
+def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> pl.DataFrame:
     """One row per GPU activity, linked to its runtime call and innermost CPU operator.
 
     Args:
@@ -121,7 +121,7 @@ def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
         )
     )
     ops = gpu.join(runtime, on=["rank", "correlation"], how="left")
-    cpu = _cpu_ops(events)
+    cpu = _cpu_ops(events, names)
     cpu_by_ext = (
         cpu.filter(pl.col("external_id").is_not_null() & (pl.col("external_id") != 0))
         .sort("uid")
@@ -207,7 +207,7 @@ def link_gpu_operators(events: pl.DataFrame) -> pl.DataFrame:
     ).sort("uid")
 
 
-def cpu_leaf_operators(events: pl.DataFrame) -> pl.DataFrame:
+def cpu_leaf_operators(events: pl.DataFrame, names: NameIndex | None = None) -> pl.DataFrame:
     """Operators of a CPU-only rank: leaf ``cpu_op`` events plus ``gloo:*`` work ranges.
 
     Leaves are taken after setting aside metadata-only operators (``METADATA_OPS``: views, empty,
@@ -215,13 +215,13 @@ def cpu_leaf_operators(events: pl.DataFrame) -> pl.DataFrame:
 
     Same columns as ``link_gpu_operators``; the CPU operator of each row is the row itself.
     """
-    cpu = _cpu_ops(events).filter(~names_like(events, METADATA_OPS))
+    cpu = _cpu_ops(events, names).filter(~names_like(events, METADATA_OPS, names))
     par = parents(
         cpu.select("rank", "pid", "tid", pl.col("uid").alias("id"), "ts_ns", "end_ns"), lane=("rank", "pid", "tid")
     )
     has_child = par.filter(pl.col("parent_id").is_not_null()).select(pl.col("parent_id").alias("uid")).unique()
     leaves = cpu.join(has_child, on="uid", how="anti")
-    work = events.filter((pl.col("kind") == "user_annotation") & names_like(events, CPU_COMM_WORK))
+    work = events.filter((pl.col("kind") == "user_annotation") & names_like(events, CPU_COMM_WORK, names))
     rows = pl.concat([leaves, work], how="vertical_relaxed").sort("uid")
     return rows.select(
         "rank",
@@ -246,7 +246,9 @@ def cpu_leaf_operators(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def outermost_scope(events: pl.DataFrame, operators: pl.DataFrame, exclude: str = PROFILER_STEP) -> pl.DataFrame:
+def outermost_scope(
+    events: pl.DataFrame, operators: pl.DataFrame, exclude: str = PROFILER_STEP, names: NameIndex | None = None
+) -> pl.DataFrame:
     """``operators`` plus ``scope_name``: the outermost user annotation enclosing the launch on its thread.
 
     Args:
@@ -254,8 +256,8 @@ def outermost_scope(events: pl.DataFrame, operators: pl.DataFrame, exclude: str 
         operators: frame with ``rank``, ``uid``, ``cpu_pid``, ``cpu_tid``, ``launch_ns``.
         exclude: regex of annotation names that are not framework scopes (iteration markers).
     """
-    ann = events.filter((pl.col("kind") == "user_annotation") & ~names_like(events, exclude))
-    ann = ann.filter(~names_like(ann, CPU_COMM_WORK))
+    ann = events.filter((pl.col("kind") == "user_annotation") & ~names_like(events, exclude, names))
+    ann = ann.filter(~names_like(ann, CPU_COMM_WORK, names))
     pts = operators.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
         "rank",
         pl.col("cpu_pid").alias("pid"),
@@ -265,6 +267,6 @@ def outermost_scope(events: pl.DataFrame, operators: pl.DataFrame, exclude: str 
     )
     iv = ann.select("rank", "pid", "tid", pl.col("uid").alias("id"), "ts_ns", "end_ns")
     hit = enclosing(iv, pts, lane=("rank", "pid", "tid"), outermost=True)
-    names = ann.select(pl.col("uid").alias("id"), pl.col("name").alias("scope_name"))
-    hit = hit.join(names, on="id", how="left").select(pl.col("qid").alias("uid"), "scope_name")
+    scope_names = ann.select(pl.col("uid").alias("id"), pl.col("name").alias("scope_name"))
+    hit = hit.join(scope_names, on="id", how="left").select(pl.col("qid").alias("uid"), "scope_name")
     return operators.join(hit, on="uid", how="left")

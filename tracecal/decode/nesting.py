@@ -171,12 +171,25 @@ def parents(intervals: pl.DataFrame, *, lane: Sequence[str] = ("tid",)) -> pl.Da
     return hit.select("id", pl.when(ok).then(pl.col("parent_id")).alias("parent_id"), "depth").collect()
 
 
-def names_like(frame: pl.DataFrame, pattern: str) -> pl.Expr:
-    """``pl.col("name").str.contains(pattern)``, evaluated once per distinct name of ``frame``.
+class NameIndex:
+    """The distinct event names of a batch, so each name regex runs once per distinct name.
 
-    Traces repeat a few thousand names millions of times; matching the distinct names and testing
-    membership is much cheaper than running the regex on every row. The expression is valid on
-    ``frame`` and on any frame whose names are a subset of its names.
+    Traces repeat a few thousand names (some of them kilobyte-long kernel signatures) millions of
+    times: matching the distinct names once and testing membership is much cheaper than running a
+    regex, or even a hash, over every row for every pattern.
     """
-    names = frame.get_column("name").unique()
-    return pl.col("name").is_in(names.filter(names.str.contains(pattern)).implode())
+
+    def __init__(self, frame: pl.DataFrame) -> None:
+        self._names = frame.get_column("name").unique()
+        self._matches: dict[str, pl.Series] = {}
+
+    def like(self, pattern: str) -> pl.Expr:
+        """``pl.col("name").str.contains(pattern)`` for frames whose names come from this batch."""
+        if pattern not in self._matches:
+            self._matches[pattern] = self._names.filter(self._names.str.contains(pattern))
+        return pl.col("name").is_in(self._matches[pattern].implode())
+
+
+def names_like(frame: pl.DataFrame, pattern: str, names: NameIndex | None = None) -> pl.Expr:
+    """``pl.col("name").str.contains(pattern)`` via ``names`` (or the distinct names of ``frame``)."""
+    return (names or NameIndex(frame)).like(pattern)

@@ -16,6 +16,7 @@ from tracecal.decode.classify import assign_phases, component_expr
 from tracecal.decode.collectives import Layout, rank_collectives
 from tracecal.decode.iterations import assign_iterations, iteration_spans, iteration_windows
 from tracecal.decode.link import GPU_KINDS, cpu_leaf_operators, link_gpu_operators, outermost_scope, with_end
+from tracecal.decode.nesting import NameIndex
 from tracecal.decode.shapes import family_expr, shape_features
 from tracecal.schema import OPERATORS
 
@@ -63,20 +64,21 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
     ev = with_end(events)
     gpu_ranks = frozenset(ev.filter(pl.col("kind").is_in(GPU_KINDS))["rank"].unique().to_list())
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
-    windows = iteration_windows(ev, marker)
+    names = NameIndex(ev)  # every name regex runs once per distinct name of the batch
+    windows = iteration_windows(ev, marker, names)
     parts = []
     if gpu_ranks:
-        parts.append(link_gpu_operators(ev.filter(on_gpu)))
+        parts.append(link_gpu_operators(ev.filter(on_gpu), names))
     cpu_only = ev.filter(~on_gpu)
     if cpu_only.height:
-        parts.append(cpu_leaf_operators(cpu_only))
+        parts.append(cpu_leaf_operators(cpu_only, names))
     ops = pl.concat(parts, how="vertical_relaxed")
-    ops = outermost_scope(ev, ops)
+    ops = outermost_scope(ev, ops, names=names)
     when = ops.select("rank", pl.col("uid").alias("qid"), pl.coalesce("launch_ns", "ts_ns").alias("t"))
     ops = ops.join(assign_iterations(when, windows).rename({"qid": "uid"}), on="uid", how="left")
     ops = ops.with_columns(family_expr("cpu_op_name", "name", "kind"))
-    ops = assign_phases(ev, ops)
-    colls = rank_collectives(ev, ops, layout=layout, gpu_ranks=gpu_ranks)
+    ops = assign_phases(ev, ops, names)
+    colls = rank_collectives(ev, ops, layout=layout, gpu_ranks=gpu_ranks, names=names)
     ops = ops.join(colls.select("rank", "event_id", "role"), on=["rank", "event_id"], how="left")
     ops = ops.with_columns(component_expr())
     ops = shape_features(ops, name="cpu_op_name", concrete_inputs="cpu_concrete_inputs")
