@@ -107,3 +107,19 @@ def test_predicted_mode_keeps_uncovered_operators_and_reports_coverage():
     assert rows["duration_source"].to_list() == ["model", "model"]
     with pytest.raises(PredictionError, match="--cluster"):
         predict_iteration(g, mode="predicted")
+
+
+def test_model_rows_read_the_call_direction_not_the_phase():
+    from tracecal.predict.durations import call_direction_expr
+
+    rows = pl.DataFrame(
+        {
+            "name": ["aten::mm", "aten::gelu_backward", "aten::mm", "Optimizer.step#AdamW.step", "ncclKernel"],
+            "cpu_op_name": ["aten::mm", "aten::gelu_backward", None, None, None],
+            "family": ["gemm", "elementwise", "gemm", "optimizer", "comm"],
+            "phase": ["bwd", "bwd", "fwd", "optimizer", None],
+        }
+    )
+    out = rows.with_columns(call_direction_expr(rows))["phase"].to_list()
+    # an mm run by MmBackward0 is one forward mm; a backward op is the forward op's bwd sample
+    assert out == ["fwd", "bwd", "fwd", "optimizer", "fwd"]

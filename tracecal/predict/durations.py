@@ -109,9 +109,33 @@ def model_rows(graph: ReplayGraph) -> tuple[np.ndarray, pl.DataFrame]:
     base = nodes[idx].select("node", "rank", "event_id", "node_kind", "kind", "name", "family", "dur_ns", "role")
     feats = graph.features.drop([c for c in graph.features.columns if c in base.columns and c != "node"])
     rows = base.join(feats, on="node", how="left", maintain_order="left") if feats.width > 1 else base
+    if "phase" in rows.columns:
+        rows = rows.with_columns(pl.col("phase").alias("trace_phase"))
     if "collective" not in rows.columns:
         rows = rows.with_columns(pl.lit(None, pl.String).alias("collective"))
-    return idx, rows
+    return idx, rows.with_columns(call_direction_expr(rows))
+
+
+BACKWARD_OP = r"(?i)backward"
+"""Operators that are the autograd backward of a forward op (``aten::gelu_backward``, ...)."""
+
+
+def call_direction_expr(rows: pl.DataFrame) -> pl.Expr:
+    """``phase`` as the duration model must read it: the direction of the *call*, not of the phase
+    it ran in. A sample is one call of an op (SPEC §6.1, ``samplers.from_run``): an ``aten::mm`` run
+    by ``MmBackward0`` is one mm of its own shape, predicted with the forward samples, while a ``bwd``
+    sample is the whole autograd backward of a forward op — what a backward op (``*_backward*``) is.
+    The trace's phase is kept as ``trace_phase``."""
+    op = pl.coalesce(pl.col("cpu_op_name"), pl.col("name")) if "cpu_op_name" in rows.columns else pl.col("name")
+    phase = pl.col("phase") if "phase" in rows.columns else pl.lit(None, pl.String)
+    return (
+        pl.when(pl.col("family") == "optimizer")
+        .then(phase)
+        .when(op.str.contains(BACKWARD_OP).fill_null(False))
+        .then(pl.lit("bwd"))
+        .otherwise(pl.lit("fwd"))
+        .alias("phase")
+    )
 
 
 def predicted(graph: ReplayGraph, model: DurationModel) -> Durations:
