@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich import box
+from rich.table import Table
 
-from tracecal.cli.common import DbOption, progress_bar, render_rows, stderr, user_errors, warn
+from tracecal.cli.common import DbOption, progress_bar, stderr, stdout, user_errors, warn
 from tracecal.config import Settings
 from tracecal.errors import TracecalError
 from tracecal.ingest.discover import ParallelLayout
@@ -94,6 +96,7 @@ def _print_report(report: IngestReport, db_path: Path) -> None:
     if not report.runs:
         stderr.print("nothing ingested")
         raise typer.Exit(1)
+    names = ["run", "fmt", "ranks", "layout", "events", "kernels", "s", "MB", "MB/s", *_DECODE_COLUMNS]
     rows = [
         [
             r.run_id,
@@ -102,21 +105,32 @@ def _print_report(report: IngestReport, db_path: Path) -> None:
             f"{r.layout.pp}x{r.layout.tp}x{r.layout.dp}" if r.layout.known else "",
             r.events,
             r.kernels,
-            round(r.seconds, 2),
-            round(r.source_bytes / 1e6, 1),
-            round(r.mb_per_s, 1),
+            f"{r.seconds:.2f}",
+            f"{r.source_bytes / 1e6:.1f}",
+            f"{r.mb_per_s:.1f}",
             *_decode_cells(r.decode),
         ]
         for r in report.runs
     ]
-    render_rows(
-        f"ingested into {db_path} in {report.seconds:.2f} s",
-        ["run", "format", "ranks", "pp x tp x dp", "events", "kernels", "seconds", "MB", "MB/s", *_DECODE_COLUMNS],
-        rows,
-    )
+    title = f"ingested into {db_path} in {report.seconds:.2f} s"
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), header_style="bold")
+    if stdout.width >= 120:  # one row per run
+        for name in names:
+            table.add_column(
+                name, no_wrap=name == "run", justify="left" if name in ("run", "fmt", "layout") else "right"
+            )
+        for row in rows:
+            table.add_row(*("" if c is None else str(c) for c in row))
+    else:  # a narrow terminal: one column per run
+        table.add_column("")
+        for row in rows:
+            table.add_column(str(row[0]), justify="right", overflow="fold")
+        for i, name in enumerate(names[1:], start=1):
+            table.add_row(name, *("" if row[i] is None else str(row[i]) for row in rows))
+    stdout.print(table)
 
 
-_DECODE_COLUMNS = ["operators", "linked", "iterations", "best iteration", "best ms"]
+_DECODE_COLUMNS = ["ops", "linked", "iters", "best", "best ms"]
 
 
 def _decode_cells(d: DecodeSummary | None) -> list[object]:
