@@ -120,7 +120,10 @@ def _split_document(path: Path, data: bytes) -> tuple[dict[str, Any], msgspec.Ra
     events = top.pop("traceEvents", None)
     if events is None or bytes(memoryview(events)[:1]) != b"[":
         keys = ", ".join(sorted(top)[:5]) or "none"
-        raise TraceFormatError(f"{path}: JSON but not a Kineto trace (no traceEvents array; top-level keys: {keys})")
+        raise TraceFormatError(
+            f"{path}: JSON but not a Kineto trace (no traceEvents array; top-level keys: {keys}); "
+            "move it out of the run or pass --on-error skip"
+        )
     header: dict[str, Any] = {}
     for key, raw in top.items():
         try:
