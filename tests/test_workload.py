@@ -33,6 +33,7 @@ from tracecal.samplers.workload.train import plan_buckets
         ({"dp": 0}, "--dp must be at least 1"),
         ({"dtype": "float8"}, "--dtype 'float8' is not supported"),
         ({"threads": -1}, "--threads must be 0"),
+        ({"tp": 2, "vocab": 101, "vocab_parallel": True}, "--vocab 101 is not divisible by --tp 2"),
     ],
 )
 def test_inconsistent_configs_are_rejected_with_the_values(changes: dict, message: str) -> None:
@@ -61,13 +62,18 @@ def test_expected_counts_per_step() -> None:
     # 2 layers per stage x 5 micro-batches x (2 forward + 2 backward)
     assert cfg.expected_tp_all_reduces_per_step() == 40
     assert WorkloadConfig(tp=1).expected_tp_all_reduces_per_step() == 0
+    # vocab-parallel adds the embedding's all-reduce on the first stage and, on the last, the
+    # cross-entropy's three plus the LM head input's gradient
+    vp = WorkloadConfig(pp=3, tp=2, layers=6, micro_batches=5, vocab_parallel=True)
+    assert [vp.expected_tp_all_reduces_per_step(r) for r in (0, 1, 2, 3, 4, 5)] == [45, 45, 40, 40, 60, 60]
     assert WorkloadConfig(steps=6, profile_wait=1, profile_warmup=2).profiled_steps == [3, 4, 5]
 
 
 def test_rank_command_line_round_trips_the_config() -> None:
     cfg = WorkloadConfig(
-        pp=4, tp=2, dp=3, layers=8, lr=3e-4, dtype="bfloat16", model="gpt_x", timeout_s=12.5, threads=3
-    )
+        pp=4, tp=2, dp=3, layers=8, lr=3e-4, dtype="bfloat16", model="gpt_x", timeout_s=12.5, threads=3,
+        vocab_parallel=True,
+    )  # fmt: skip
     ns = argument_parser().parse_args([*config_args(cfg), "--out", "somewhere"])
     assert config_from_args(ns) == cfg
     assert ns.out == Path("somewhere")
@@ -159,3 +165,26 @@ def test_single_stage_schedule_accumulates_the_mean_loss_gradient() -> None:
     low = run_1f1b(GPTStage(bf16, _state(bf16, 0)), _state(bf16, 0), batches, _autocast(bf16, torch.device("cpu")))
     assert [float(v) for v in low] == pytest.approx([float(v) for v in losses], rel=2e-2)
     assert [float(v) for v in low] != [float(v) for v in losses]
+
+
+def test_vocab_parallel_cross_entropy_is_cross_entropy_with_its_gradient() -> None:
+    import torch.distributed as dist
+    from torch.nn import functional as F
+
+    from tracecal.samplers.workload.launch import free_port
+    from tracecal.samplers.workload.parallel import vocab_parallel_cross_entropy
+
+    # A one-rank group: the all-reduces are identities, so one shard holding the whole vocabulary
+    # must give exactly cross-entropy and its gradient (sharding is covered by the TP runs).
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        logits = torch.randn(6, 11, generator=torch.Generator().manual_seed(0), requires_grad=True)
+        target = torch.tensor([0, 3, 10, 5, 5, 7])
+        ours = vocab_parallel_cross_entropy(logits, target, dist.group.WORLD, 0).mean()
+        (grad_ours,) = torch.autograd.grad(ours, logits)
+        theirs = F.cross_entropy(logits, target)
+        (grad_theirs,) = torch.autograd.grad(theirs, logits)
+        assert float(ours.detach()) == pytest.approx(float(theirs.detach()), rel=1e-6)
+        assert torch.allclose(grad_ours, grad_theirs, atol=1e-7)
+    finally:
+        dist.destroy_process_group()

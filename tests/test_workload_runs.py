@@ -38,7 +38,8 @@ LAYOUTS = {
     "tp2": replace(TINY, pp=1, tp=2),
     # the global batch stays 8 samples: 2 replicas x 2 micro-batches x 2
     "dp2": replace(TINY, pp=1, dp=2, micro_batches=2, bucket_bytes=32 * 1024),
-    "pp2tp2": replace(TINY, pp=2, tp=2),
+    # embedding, LM head and cross-entropy split by vocabulary over the TP pair
+    "pp2tp2": replace(TINY, pp=2, tp=2, vocab_parallel=True),
 }
 
 
@@ -76,7 +77,7 @@ def load(run: Path, rank: int) -> dict[str, Any]:
         return json.load(f)
 
 
-SCOPES = ("ProfilerStep#", "## ", "_exec_", "_ReduceFrom", "_CopyTo", "Optimizer.")
+SCOPES = ("ProfilerStep#", "## ", "_exec_", "_ReduceFrom", "_CopyTo", "_VocabParallel", "Optimizer.")
 """Names of the enclosing events the tests look at (restricting parents to them keeps scans fast)."""
 
 
@@ -165,16 +166,25 @@ def test_tensor_parallel_all_reduces_two_per_layer_per_micro_batch_each_way(runs
     for name in ("tp2", "pp2tp2"):
         cfg = LAYOUTS[name]
         active = len(cfg.profiled_steps)
-        per_pass = 2 * cfg.layers_per_stage * cfg.micro_batches * active
+        m = cfg.micro_batches * active
+        per_pass = 2 * cfg.layers_per_stage * m
         for rank in range(cfg.world_size):
             trace = load(runs[name], rank)
-            assert count(trace, "c10d::allreduce_", "_ReduceFromModelParallelRegion") == per_pass
-            assert count(trace, "c10d::allreduce_", "_CopyToModelParallelRegionBackward") == per_pass
+            first, last = cfg.coords(rank)[0] == 0, cfg.coords(rank)[0] == cfg.pp - 1
+            vocab = cfg.vocab_parallel
+            # blocks: two forward (row-parallel outputs), two backward (column-parallel inputs);
+            # vocab-parallel: + the embedding lookup (forward) and the LM head's input (backward)
+            emb, ce = m * (vocab and first), m * (vocab and last)  # per-rank extras, 0 without vocab-parallel
+            assert count(trace, "c10d::allreduce_", "_ReduceFromModelParallelRegion") == per_pass + emb
+            assert count(trace, "c10d::allreduce_", "_CopyToModelParallelRegionBackward") == per_pass + ce
+            # vocab-parallel cross-entropy: max, target logit, sum of exponentials
+            assert count(trace, "c10d::allreduce_", "_VocabParallelCrossEntropy") == 3 * ce
             forward = [p for _, p in scopes_of(trace, "c10d::allreduce_") if "## forward ##" in p]
-            assert len(forward) == per_pass  # the forward ones run inside the micro-batch forward scopes
-            assert 2 * per_pass == cfg.expected_tp_all_reduces_per_step() * active
+            assert len(forward) == per_pass + emb + 3 * ce
             # no data parallelism here: every all-reduce is a TP one
-            assert len(scopes_of(trace, "c10d::allreduce_")) == 2 * per_pass
+            total = len(scopes_of(trace, "c10d::allreduce_"))
+            assert total == cfg.expected_tp_all_reduces_per_step(rank) * active
+            assert total == 2 * per_pass + emb + 4 * ce
 
 
 def test_data_parallel_all_reduces_one_bucket_set_per_step(runs: dict[str, Path]) -> None:

@@ -40,6 +40,9 @@ def run(
     seed: Annotated[int, typer.Option(help="Seed of weights and data.")] = _D.seed,
     model: Annotated[str, typer.Option(help="Model name recorded in run.json.")] = _D.model,
     timeout_s: Annotated[float, typer.Option("--timeout-s", help="Stop every rank after this long.")] = _D.timeout_s,
+    vocab_parallel: Annotated[
+        bool, typer.Option("--vocab-parallel", help="Split embedding, LM head and cross-entropy over TP ranks.")
+    ] = _D.vocab_parallel,
     threads: Annotated[
         int, typer.Option(help="CPU threads per rank; 0: cores // ranks (1 can be faster on a busy machine).")
     ] = _D.threads,
@@ -70,6 +73,7 @@ def run(
             model=model,
             timeout_s=timeout_s,
             threads=threads,
+            vocab_parallel=vocab_parallel,
         ).validate()
         if stderr.is_terminal:
             stderr.print(f"training {cfg.world_size} ranks (pp={pp} tp={tp} dp={dp}) into {out} ...")

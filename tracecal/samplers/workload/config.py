@@ -36,6 +36,9 @@ class WorkloadConfig:
     ``bucket_bytes`` caps the size of one data-parallel gradient all-reduce (gradients are packed
     into buckets in reverse parameter order, as DDP and Megatron do).
 
+    ``vocab_parallel`` shards the embedding and LM head over the TP group by vocabulary, with
+    Megatron's vocab-parallel cross-entropy (otherwise both are replicated on every TP rank).
+
     ``threads`` is the CPU threads per rank; 0 means ``max(1, cores // ranks on the node)``. On a
     machine already busy with other work, 1 can be much faster than 2 (OpenMP threads that wait for
     each other on oversubscribed cores).
@@ -64,6 +67,7 @@ class WorkloadConfig:
     model: str = "gpt_tiny"
     timeout_s: float = 300.0
     threads: int = 0
+    vocab_parallel: bool = False
 
     # --- derived sizes -------------------------------------------------------------------------------
 
@@ -109,6 +113,11 @@ class WorkloadConfig:
                 raise WorkloadError(f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})")
         if self.vocab < 2:
             raise WorkloadError(f"--vocab must be at least 2 (got {self.vocab})")
+        if self.vocab_parallel and self.vocab % self.tp:
+            raise WorkloadError(
+                f"--vocab {self.vocab} is not divisible by --tp {self.tp}; --vocab-parallel gives each "
+                "tensor-parallel rank vocab/tp rows"
+            )
         if self.threads < 0:
             raise WorkloadError(f"--threads must be 0 (automatic) or more (got {self.threads})")
         if self.profile_wait < 0 or self.profile_warmup < 0:
@@ -187,10 +196,17 @@ class WorkloadConfig:
         m = self.micro_batches
         return {"send": m * (int(has_next) + int(has_prev)), "recv": m * (int(has_next) + int(has_prev))}
 
-    def expected_tp_all_reduces_per_step(self) -> int:
+    def expected_tp_all_reduces_per_step(self, rank: int = 0) -> int:
         """TP all-reduces one rank issues per step: per layer and micro-batch two in the forward pass
         (after the attention and MLP row-parallel projections) and two in the backward pass (the
-        gradients of the column-parallel inputs). Zero without tensor parallelism."""
+        gradients of the column-parallel inputs). With ``vocab_parallel`` also, per micro-batch, one
+        after the embedding lookup on the first stage and, on the last stage, three in the
+        cross-entropy (max, target logit, sum of exponentials) plus one for the gradient of the LM
+        head's input. Zero without tensor parallelism."""
         if self.tp == 1:
             return 0
-        return 4 * self.layers_per_stage * self.micro_batches
+        per_micro_batch = 4 * self.layers_per_stage
+        if self.vocab_parallel:
+            pp_rank = self.coords(rank)[0]
+            per_micro_batch += int(pp_rank == 0) + 4 * int(pp_rank == self.pp - 1)
+        return per_micro_batch * self.micro_batches

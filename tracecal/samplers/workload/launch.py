@@ -54,6 +54,16 @@ def config_args(cfg: WorkloadConfig) -> list[str]:
     return args
 
 
+def _parse_bool(text: str) -> bool:
+    """``True``/``False`` as ``config_args`` writes them (also 1/0, yes/no)."""
+    value = text.strip().lower()
+    if value in ("true", "1", "yes"):
+        return True
+    if value in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def argument_parser() -> argparse.ArgumentParser:
     """Parser of the rank command line: one option per ``WorkloadConfig`` field, plus ``--out``."""
     parser = argparse.ArgumentParser(
@@ -64,7 +74,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, required=True, help="run directory for rank traces and run.json")
     parser.add_argument("--force", action="store_true", help="(local launch) replace traces already in --out")
     for f in fields(WorkloadConfig):
-        kind = type(f.default)
+        kind: Any = _parse_bool if isinstance(f.default, bool) else type(f.default)
         parser.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default, help=f"default {f.default}")
     return parser
 

@@ -8,7 +8,9 @@ starts from exactly the single-rank run's weights — which is what lets the tes
 Architecture (GPT-2 style, pre-norm, no dropout so runs are deterministic): token + learned position
 embedding; per block LayerNorm → causal self-attention (column-parallel QKV, row-parallel
 out-projection) → residual, LayerNorm → MLP 4h with GELU (column-parallel in, row-parallel out) →
-residual; final LayerNorm and an untied LM head on the last stage.
+residual; final LayerNorm and an untied LM head on the last stage. Embedding and head are replicated
+over the TP group, or with ``vocab_parallel`` split by vocabulary (Megatron's VocabParallelEmbedding,
+column-parallel head and vocab-parallel cross-entropy).
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from torch import nn
 from torch.nn import functional as F
 
 from tracecal.samplers.workload.config import WorkloadConfig
-from tracecal.samplers.workload.parallel import ColumnParallelLinear, ParallelState, RowParallelLinear
+from tracecal.samplers.workload.parallel import (
+    ColumnParallelLinear,
+    ParallelState,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    vocab_parallel_cross_entropy,
+)
 
 
 def full_tensor(seed: int, name: str, shape: tuple[int, ...], std: float) -> torch.Tensor:
@@ -90,16 +98,24 @@ class GPTStage(nn.Module):
         super().__init__()
         self.first = state.is_first_stage
         self.last = state.is_last_stage
+        self.group, self.tp = state.tp_group, cfg.tp
+        # with --vocab-parallel this rank holds vocabulary rows [vocab_start, vocab_start + vocab/tp)
+        self.vocab_parallel = cfg.vocab_parallel and cfg.tp > 1
+        self.vocab_start = state.tp_rank * cfg.vocab // cfg.tp if self.vocab_parallel else 0
+        parts = cfg.tp if self.vocab_parallel else 1
+        part = state.tp_rank if self.vocab_parallel else 0
+        self.embed: nn.Module
+        self.head: nn.Module
         if self.first:
-            self.embed = nn.Embedding(cfg.vocab, cfg.hidden)
-            self.embed.weight.data.copy_(full_tensor(cfg.seed, "embed.weight", (cfg.vocab, cfg.hidden), 0.02))
+            table = _rows(full_tensor(cfg.seed, "embed.weight", (cfg.vocab, cfg.hidden), 0.02), part, parts)
+            self.embed = VocabParallelEmbedding(table, self.vocab_start, self.group, parts)
             self.pos = nn.Parameter(full_tensor(cfg.seed, "pos.weight", (cfg.seq, cfg.hidden), 0.01))
         start = state.pp_rank * cfg.layers_per_stage
         self.blocks = nn.ModuleList(Block(cfg, state, i) for i in range(start, start + cfg.layers_per_stage))
         if self.last:
             self.final_norm = _layer_norm(cfg.hidden)
-            self.head = nn.Linear(cfg.hidden, cfg.vocab, bias=False)
-            self.head.weight.data.copy_(full_tensor(cfg.seed, "head.weight", (cfg.vocab, cfg.hidden), 0.02))
+            head = _rows(full_tensor(cfg.seed, "head.weight", (cfg.vocab, cfg.hidden), 0.02), part, parts)
+            self.head = ColumnParallelLinear(head, None, self.group, parts)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
@@ -109,6 +125,13 @@ class GPTStage(nn.Module):
         if self.last:
             x = self.head(self.final_norm(x))
         return x
+
+    def loss(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the last stage's logits (this rank's vocabulary slice when vocab-parallel)."""
+        flat, flat_targets = logits.float().flatten(0, 1), targets.flatten()
+        if self.vocab_parallel:
+            return vocab_parallel_cross_entropy(flat, flat_targets, self.group, self.vocab_start).mean()
+        return F.cross_entropy(flat, flat_targets)
 
 
 def synthetic_batch(cfg: WorkloadConfig, step: int) -> tuple[torch.Tensor, torch.Tensor]:

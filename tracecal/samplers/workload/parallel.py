@@ -165,13 +165,13 @@ class ColumnParallelLinear(nn.Module):
     """``y = x A_i^T + b_i`` where ``A_i`` is this rank's slice of the output features.
 
     The input is replicated across the TP group; its gradient is summed over the group backward.
-    ``weight`` and ``bias`` are this rank's shards, given already sliced (see ``model.py``).
+    ``weight`` and ``bias`` (or None) are this rank's shards, given already sliced (see ``model.py``).
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor, group: Any, tp: int) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, group: Any, tp: int) -> None:
         super().__init__()
         self.weight = nn.Parameter(weight)
-        self.bias = nn.Parameter(bias)
+        self.bias = None if bias is None else nn.Parameter(bias)
         self.group = group
         self.tp = tp
 
@@ -196,3 +196,65 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = nn.functional.linear(x, self.weight)
         return reduce_from_tp(partial, self.group, self.tp) + self.bias
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Rows ``[start, start + len(weight))`` of the embedding table (Megatron's VocabParallelEmbedding).
+
+    Tokens outside this rank's rows look up zeros; the partial embeddings are summed over the TP
+    group (``_ReduceFromModelParallelRegion``), so every rank ends with the full lookup.
+    """
+
+    def __init__(self, weight: torch.Tensor, start: int, group: Any, tp: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+        self.start = start
+        self.group = group
+        self.tp = tp
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        if self.tp == 1:
+            return nn.functional.embedding(tokens, self.weight)
+        outside = (tokens < self.start) | (tokens >= self.start + self.weight.shape[0])
+        local = (tokens - self.start).masked_fill(outside, 0)
+        partial = nn.functional.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return reduce_from_tp(partial, self.group, self.tp)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Per-token cross-entropy of logits split by vocabulary over the TP group (Megatron's pattern).
+
+    Three all-reduces forward — the row maximum (for a stable softmax), the target's logit (held by
+    one rank) and the sum of exponentials — and none backward: the gradient ``softmax - onehot`` is
+    local to each rank's slice of the vocabulary.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, group: Any, start: int) -> torch.Tensor:
+        logits_max = logits.max(dim=-1).values
+        dist.all_reduce(logits_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits - logits_max.unsqueeze(-1)
+        outside = (target < start) | (target >= start + logits.shape[-1])
+        local = (target - start).masked_fill(outside, 0)
+        rows = torch.arange(logits.shape[0], device=logits.device)
+        predicted = shifted[rows, local].masked_fill(outside, 0.0)
+        dist.all_reduce(predicted, group=group)
+        exp = shifted.exp()
+        sum_exp = exp.sum(dim=-1)
+        dist.all_reduce(sum_exp, group=group)
+        softmax = exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(softmax, outside, local)
+        return torch.log(sum_exp) - predicted
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
+        softmax, outside, local = ctx.saved_tensors
+        grad = softmax.clone()
+        rows = torch.arange(grad.shape[0], device=grad.device)
+        grad[rows, local] -= (~outside).to(grad.dtype)
+        return grad.mul_(grad_loss.unsqueeze(-1)), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, group: Any, start: int) -> torch.Tensor:
+    """Per-token loss ``[N]`` from this rank's logits ``[N, vocab/tp]`` (vocabulary from ``start``)."""
+    return _VocabParallelCrossEntropy.apply(logits, target, group, start)

@@ -21,8 +21,8 @@ from typing import Any, cast
 import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
-from torch.nn import functional as F
 
+from tracecal.samplers.workload.model import GPTStage
 from tracecal.samplers.workload.parallel import ParallelState
 
 SEND_ACTIVATIONS = "_exec_send_activations"
@@ -79,7 +79,7 @@ class _P2P:
 
 
 def run_1f1b(
-    stage: torch.nn.Module,
+    stage: GPTStage,
     state: ParallelState,
     batches: list[tuple[torch.Tensor, torch.Tensor]],
     autocast: AbstractContextManager[Any] | None = None,
@@ -111,7 +111,7 @@ def run_1f1b(
         with record_function(FORWARD), autocast or nullcontext():
             out = stage(tokens if first else received)
             if last:
-                loss = F.cross_entropy(out.float().flatten(0, 1), targets.flatten())
+                loss = stage.loss(out, targets)
                 losses.append(loss.detach())
                 out = loss / m
         return out

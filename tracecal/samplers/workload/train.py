@@ -211,7 +211,7 @@ def _run_json(
                 "parameters": int(n_params),
                 "expected_per_step": {
                     **cfg.expected_p2p_per_step(rank),
-                    "tp_all_reduce": cfg.expected_tp_all_reduces_per_step(),
+                    "tp_all_reduce": cfg.expected_tp_all_reduces_per_step(rank),
                     "dp_all_reduce": int(n_buckets),
                 },
                 "train_seconds": round(seconds, 4),
@@ -240,6 +240,7 @@ def _run_json(
         "lr": cfg.lr,
         "weight_decay": cfg.weight_decay,
         "bucket_bytes": cfg.bucket_bytes,
+        "vocab_parallel": cfg.vocab_parallel,
         "dtype": cfg.dtype,
         "device": device.type,
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
