@@ -347,10 +347,11 @@ PREDICTIONS = Table(
         ("family", "VARCHAR", "op family"),
         ("component", "VARCHAR", "component (SPEC §5.3)"),
         ("measured_dur_ns", "BIGINT", "duration in the trace"),
-        ("predicted_dur_ns", "BIGINT", "duration used in the replay"),
+        ("predicted_dur_ns", "BIGINT", "replayed duration (end − start; a collective member includes its wait "
+         "for the last member)"),
         ("duration_source", "VARCHAR", "model, measured (uncovered), or scale"),
-        ("replay_start_ns", "BIGINT", "start in the replay, relative to the iteration start"),
-        ("replay_end_ns", "BIGINT", "end in the replay, relative to the iteration start"),
+        ("replay_start_ns", "BIGINT", "start in the replay, relative to the rank's replayed iteration start"),
+        ("replay_end_ns", "BIGINT", "end in the replay, relative to the rank's replayed iteration start"),
     ),
 )
 
@@ -362,10 +363,12 @@ COMPONENTS = Table(
         ("cluster", "VARCHAR", "cluster whose models predicted (NULL in measured mode)"),
         ("mode", "VARCHAR", "measured, predicted, or scaled"),
         ("rank", "INTEGER", "global rank"),
-        ("component", "VARCHAR", "compute_fwd, compute_bwd, optimizer, comm_tp, comm_dp, comm_pp, comm_ep, "
-         "comm_other, memcpy, idle, or iteration (the whole iteration)"),
-        ("measured_ns", "BIGINT", "measured time of the component in the best iteration"),
-        ("predicted_ns", "BIGINT", "replayed time of the component"),
+        ("component", "VARCHAR", "compute_fwd, compute_bwd, optimizer, other (compute of unknown phase), comm_tp, "
+         "comm_dp, comm_pp, comm_ep, comm_other, memcpy, idle, or iteration (the whole iteration)"),
+        ("measured_ns", "BIGINT", "measured time of the component in the best iteration: each instant counts once, "
+         "for the first active component in the order above, so comm_* is exposed communication and the "
+         "components of a rank add up to its iteration"),
+        ("predicted_ns", "BIGINT", "replayed time of the component (same accounting)"),
         ("error_pct", "DOUBLE", "(predicted − measured) / measured × 100; NULL when measured is 0"),
         ("covered_share", "DOUBLE", "share of the component's measured time predicted by a model (0–1)"),
     ),

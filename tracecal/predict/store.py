@@ -154,18 +154,6 @@ def write_results(
             con.unregister(name)
 
 
-def stored_components(
-    con: duckdb.DuckDBPyConnection, *, cluster: str | None, mode: str, run_ids: list[str] | None
-) -> pl.DataFrame:
-    """``components`` rows of a cluster/mode for the given runs (all runs when None)."""
-    sql = "SELECT * FROM components WHERE cluster IS NOT DISTINCT FROM ? AND mode = ?"
-    params: list = [cluster, mode]
-    if run_ids:
-        sql += " AND list_contains(?, run_id)"
-        params.append(run_ids)
-    return cast(pl.DataFrame, pl.from_arrow(query_arrow(con, sql + " ORDER BY run_id, rank", params)))
-
-
 def predict_stored_run(
     con: duckdb.DuckDBPyConnection,
     run_id: str,
