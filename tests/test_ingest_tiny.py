@@ -255,3 +255,31 @@ def test_metadata_rank_and_device(tmp_path: Path) -> None:
     assert parsed.metadata["baseTimeNanoseconds"] == 1711964646000000000
     assert parsed.metadata["nccl_version"] == "2.21.5"
     assert parsed.schema_era == "2024" and parsed.source_bytes == path.stat().st_size
+
+
+def test_integers_out_of_range_or_malformed_become_null(tmp_path: Path) -> None:
+    events = [
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k",
+            "pid": 0,
+            "tid": 7,
+            "ts": 1,
+            "dur": 1,
+            "args": {"correlation": 2**70, "stream": 2**40, "bytes": "12x", "device": 1.0},
+        },
+        {
+            "ph": "X",
+            "cat": "kernel",
+            "name": "k",
+            "pid": 0,
+            "tid": "stream 99999999999999999999999",
+            "ts": 2,
+            "dur": 1,
+            "args": {"correlation": 5, "stream": 7, "bytes": "4096", "device": 0},
+        },
+    ]
+    first, second = _rows(_write(tmp_path / "t.json", events))
+    assert (first["correlation"], first["stream"], first["bytes"], first["device"]) == (None, None, None, 1)
+    assert (second["correlation"], second["stream"], second["bytes"], second["tid"]) == (5, 7, 4096, None)

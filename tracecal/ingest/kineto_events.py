@@ -1,8 +1,8 @@
 """Typed Kineto events: msgspec Structs for the keys tracecal keeps, and Struct lists -> Arrow batches.
 
 The decoder skips every key not declared here, so a python_function event with ten args costs no
-more than one without. Columns are built by transposing Struct fields in C (``attrgetter`` over a
-``map``), over only the events that carry the fields: most events have no collective args, and many
+more than one without. Columns are read from the Structs in C (``attrgetter`` over a ``map``, one
+field at a time), over only the events that carry the fields: most events have no collective args, and many
 (python_function, flows) have none of the args tracecal stores.
 """
 
@@ -12,7 +12,7 @@ import contextlib
 import functools
 import re
 from collections.abc import Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -151,8 +151,9 @@ def events_to_batch(path: Path, events: list[Event], offset: int) -> pa.RecordBa
     Raises:
         TraceFormatError: a complete event without ``ts`` or ``name`` (file, event index and key).
     """
-    positions = np.array([i for i, e in enumerate(events) if e.ph == "X"], dtype=np.int64)
-    xs = [events[i] for i in positions.tolist()]
+    phases = pa.array(list(map(attrgetter("ph"), events)), pa.string())
+    positions = pc.indices_nonzero(pc.equal(phases, "X")).to_numpy().astype(np.int64)
+    xs = _pick(events, positions.tolist())
     n = len(xs)
     ev = _transpose(xs, _EVENT_FIELDS)
     for key in ("ts", "name"):
@@ -161,7 +162,7 @@ def events_to_batch(path: Path, events: list[Event], offset: int) -> pa.RecordBa
             raise TraceFormatError(f"{path}: event {index} (ph X) has no {key!r}; the trace is damaged, re-export it")
     args = ev["args"]
     with_args = [i for i, a in enumerate(args) if a is not None and a != _NO_ARGS]
-    core_args = [args[i] for i in with_args]
+    core_args = args if len(with_args) == n else _pick(args, with_args)
     core = _Sparse(_transpose(core_args, _CORE_FIELDS), with_args, n)
     # Collective args come as a set (record_param_comms, NCCL kernels): any of these keys marks one.
     with_comm = [
@@ -169,7 +170,7 @@ def events_to_batch(path: Path, events: list[Event], offset: int) -> pa.RecordBa
         for j, a in enumerate(core_args)
         if a.coll_name is not None or a.pg_name is not None or a.src_rank is not None or a.dst_rank is not None
     ]
-    comm = _Sparse(_transpose([core_args[j] for j in with_comm], _COMM_FIELDS), [with_args[j] for j in with_comm], n)
+    comm = _Sparse(_transpose(_pick(core_args, with_comm), _COMM_FIELDS), _pick(with_args, with_comm), n)
 
     category = _strings(ev["cat"])
     kinds = [KIND_BY_CATEGORY.get(c, "other") for c in category.dictionary.to_pylist()]
@@ -192,8 +193,8 @@ def events_to_batch(path: Path, events: list[Event], offset: int) -> pa.RecordBa
         "dur_ns": _ns(ev["dur"]),
         "pid": pid,
         "tid": tid,
-        "device": pc.if_else(is_gpu, pc.coalesce(core.ints("device"), pid), None).cast(pa.int32()),
-        "stream": pc.if_else(is_gpu, pc.coalesce(core.ints("stream"), tid), None).cast(pa.int32()),
+        "device": _narrow(pc.if_else(is_gpu, pc.coalesce(core.ints("device"), pid), None), pa.int32()),
+        "stream": _narrow(pc.if_else(is_gpu, pc.coalesce(core.ints("stream"), tid), None), pa.int32()),
         "correlation": core.ints("correlation"),
         "external_id": pc.coalesce(core.ints("external_id"), core.ints("external_id_2021")),
         "sequence_number": core.ints("sequence_number"),
@@ -224,13 +225,17 @@ def events_to_batch(path: Path, events: list[Event], offset: int) -> pa.RecordBa
     return pa.RecordBatch.from_arrays([columns[f.name] for f in _EVENTS_SCHEMA], schema=schema)
 
 
-def _transpose(structs: list[Any], fields: tuple[str, ...]) -> dict[str, Sequence[Any]]:
-    """Struct list -> one tuple per field, transposed in C rather than one Python loop per column."""
-    if not structs:
-        return {f: () for f in fields}
-    if len(fields) == 1:
-        return {fields[0]: list(map(attrgetter(fields[0]), structs))}
-    return dict(zip(fields, zip(*map(attrgetter(*fields), structs), strict=True), strict=True))
+def _pick(items: Sequence[Any], indices: Sequence[int]) -> list[Any]:
+    """``[items[i] for i in indices]``, done by ``itemgetter`` in C."""
+    if len(indices) < 2:
+        return [items[i] for i in indices]
+    return list(itemgetter(*indices)(items))
+
+
+def _transpose(structs: Sequence[Any], fields: tuple[str, ...]) -> dict[str, Sequence[Any]]:
+    """Struct list -> one list per field, each built in C by ``map(attrgetter(field), ...)`` (about 3x
+    faster than transposing per-struct tuples with ``zip(*...)``)."""
+    return {f: list(map(attrgetter(f), structs)) for f in fields}
 
 
 class _Sparse:
@@ -265,33 +270,54 @@ class _Sparse:
         return self._spread(_json_text(self.columns[name]))
 
 
+_INT64_RANGE = (-(2**63), 2**63 - 1)
+
+
 @functools.lru_cache(maxsize=65536)
 def _int_or_none(value: int | float | str | None) -> int | None:
-    """An integer written as int, integral float or decimal string; anything else is None.
+    """An int64 written as int, integral float or decimal string; anything else is None.
 
     2021 traces write thread ids as strings of digits (GPU rows as "stream 7"), ROCm traces write
     some byte counts as strings."""
-    if type(value) is int or value is None:
-        return value
     if isinstance(value, str):
         try:
-            return int(value)
+            value = int(value)
         except ValueError:
             return None
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
+    elif isinstance(value, float):
+        value = int(value) if value.is_integer() else None
+    if type(value) is not int or not _INT64_RANGE[0] <= value <= _INT64_RANGE[1]:
+        return None
+    return value
 
 
 def _ints(values: Sequence[Any], type_: pa.DataType = _INT64) -> pa.Array:
-    """Integer column: the all-int case converts in C; mixed columns are coerced once per distinct value."""
+    """Integer column of ``type_``: the all-int case converts in C, all-string columns (2021 tids such as
+    "4093687616" and "stream 7") parse in Arrow, mixed columns go value by value; what is not an integer
+    of the type becomes NULL."""
     try:
-        inferred = pa.array(values)
-    except (pa.ArrowInvalid, pa.ArrowTypeError):
+        inferred: pa.Array | None = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         inferred = None
+    column: pa.Array | None = None
     if inferred is not None and (pa.types.is_integer(inferred.type) or pa.types.is_null(inferred.type)):
-        return inferred.cast(type_)
-    return pa.array([v if type(v) is int or v is None else _int_or_none(v) for v in values], type_)
+        column = inferred.cast(_INT64)
+    elif inferred is not None and pa.types.is_string(inferred.type):
+        digits = pc.fill_null(pc.utf8_is_digit(inferred), False)
+        with contextlib.suppress(pa.ArrowInvalid):  # beyond int64: the per-value path below
+            column = pc.if_else(digits, pc.if_else(digits, inferred, "0").cast(_INT64), None)
+    if column is None:
+        column = pa.array([None if v is None else _int_or_none(v) for v in values], _INT64)
+    return _narrow(column, type_)
+
+
+def _narrow(column: pa.Array, type_: pa.DataType) -> pa.Array:
+    """An int64 column as ``type_``, values the type cannot hold becoming NULL (never wrapped)."""
+    if type_ == _INT64:
+        return column
+    info = np.iinfo(type_.to_pandas_dtype())
+    outside = pc.or_(pc.less(column, int(info.min)), pc.greater(column, int(info.max)))
+    return pc.if_else(pc.fill_null(outside, False), None, column).cast(type_)
 
 
 def _ns(values: Sequence[int | float | None]) -> pa.Array:
