@@ -116,3 +116,27 @@ def test_shape_features_frame_matches_scalar() -> None:
     assert out["flops"].to_list()[:2] == [2 * 8 * 1024 * 512] * 2
     assert out["elements"].to_list()[2] == 16 and out["dtype"].to_list()[2] == "float16"
     assert out.row(3, named=True)["m"] is None
+
+
+def test_cpu_flash_attention_reads_causality_from_its_own_signature() -> None:
+    # Input Dims / Concrete Inputs as torch 2.13 records SDPA(is_causal=True) on the CPU
+    dims = "[[2,4,16,8],[2,4,16,8],[2,4,16,8],[],[],[],[]]"
+    fwd = shape_row("aten::_scaled_dot_product_flash_attention_for_cpu", dims, None, '["","","","0.","True","",""]')
+    assert (fwd["batch"], fwd["heads"], fwd["seq_q"], fwd["head_dim"], fwd["causal"]) == (2, 4, 16, 8, True)
+    bwd = shape_row(
+        "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+        "[[2,4,16,8],[2,4,16,8],[2,4,16,8],[2,4,16,8],[2,4,16,8],[2,4,16],[],[],[],[]]",
+        None,
+        '["","","","","","","0.","True","",""]',
+    )
+    assert (bwd["heads"], bwd["seq_q"], bwd["causal"]) == (4, 16, True)
+
+
+def test_aten_flash_attention_forward_uses_the_batch_seq_heads_layout() -> None:
+    row = shape_row(
+        "aten::_flash_attention_forward",
+        "[[3,141,12,64],[3,141,12,64],[3,141,12,64],[],[],[],[],[],[],[]]",
+        None,
+        '["","","","","","141","141","0.","False","False"]',
+    )
+    assert (row["batch"], row["seq_q"], row["heads"], row["head_dim"], row["causal"]) == (3, 141, 12, 64, False)

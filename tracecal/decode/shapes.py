@@ -267,11 +267,19 @@ def _gemm(name: str, ts: list[tuple[list[int], str | None]]) -> dict[str, Any] |
 _IS_CAUSAL_ARG = {
     "scaled_dot_product_attention": 5,
     "_scaled_dot_product_flash_attention": 4,
+    "_scaled_dot_product_flash_attention_backward": 11,
+    "_scaled_dot_product_flash_attention_for_cpu": 4,
+    "_scaled_dot_product_flash_attention_for_cpu_backward": 7,
     "_scaled_dot_product_efficient_attention": 6,
     "_scaled_dot_product_cudnn_attention": 6,
-    "_flash_attention_forward": 7,
+    "_flash_attention_forward": 8,
+    "_flash_attention_backward": 11,
 }
 """Position of ``is_causal`` in Concrete Inputs per attention op (the aten signatures)."""
+
+_DAO_LAYOUT_OPS = frozenset({"_flash_attention_forward", "_flash_attention_backward"})
+"""aten ops that take [batch, seq, heads, head_dim] (Dao's flash-attn layout) instead of SDPA's
+[batch, heads, seq, head_dim]."""
 
 
 def _attention(name: str, ts: list[tuple[list[int], str | None]], concrete: list[Any]) -> dict[str, Any] | None:
@@ -282,14 +290,14 @@ def _attention(name: str, ts: list[tuple[list[int], str | None]], concrete: list
     if len(shapes) < 2:
         return None
     q, k = shapes[0], shapes[1]
-    if "flash_attn" in name.lower() and "scaled_dot" not in name.lower():
+    op = name.split("::")[-1]
+    if op in _DAO_LAYOUT_OPS or ("flash_attn" in name.lower() and "scaled_dot" not in name.lower()):
         b, sq, h, d = q  # Dao flash_attn layout [batch, seq, heads, head_dim]
         sk = k[1]
     else:
         b, h, sq, d = q  # torch SDPA layout [batch, heads, seq, head_dim]
         sk = k[2]
     causal = None
-    op = name.split("::")[-1]
     pos = _IS_CAUSAL_ARG.get(op)
     if pos is not None and pos < len(concrete) and concrete[pos] in ("True", "False"):
         causal = concrete[pos] == "True"
