@@ -1,6 +1,7 @@
 """Kineto ingest speed and memory: tracecal vs HolisticTraceAnalysis, in one run.
 
-    python benchmarks/ingest_vs_hta.py --repeat 3 ../shared/data/traces/kineto/dlrm_8rank ../shared/data/traces/kineto/single/*.gz
+    K=../shared/data/traces/kineto
+    python benchmarks/ingest_vs_hta.py --repeat 3 $K/dlrm_8rank $K/sampled_2_of_128 $K/single/*.gz
     python benchmarks/ingest_vs_hta.py --scaling 8                 # 1 vs 2 workers on 8 copies of a 30 MB rank
     python benchmarks/ingest_vs_hta.py --stress --size-gb 1.0      # synthetic >= 1 GB rank from a real trace
 
