@@ -19,8 +19,9 @@ from typing import Annotated, Any
 import polars as pl
 import typer
 
-from tracecal.cli.common import progress_bar, render_rows, stdout, user_errors
+from tracecal.cli.common import progress_bar, render_rows, stdout, user_errors, warn
 from tracecal.config import model_store_dir
+from tracecal.errors import CalibrationError, SampleError
 
 CLUSTER = "local"
 STAGES = ("workload", "ingest", "sample", "calibrate", "predict")
@@ -181,7 +182,12 @@ def _calibrate(db: Path, timings: dict[str, float]) -> Any:
                 bar.update(task, completed=index, total=total, description=f"{key.op} {key.direction}")
 
             # 2-fold model selection keeps the demo within minutes; `calibrate` defaults to 3 folds
-            result = calibrate_cluster(con, CLUSTER, store_dir=model_store_dir(db), folds=2, on_group=progress)
+            try:
+                result = calibrate_cluster(con, CLUSTER, store_dir=model_store_dir(db), folds=2, on_group=progress)
+            except (CalibrationError, SampleError) as exc:
+                # the loop still shows the measured replay; say why there is no prediction
+                warn(f"no calibrated models, predicted mode skipped: {exc}")
+                return None
         model = load_duration_model(con, model_store_dir(db), CLUSTER)
     report = result.report
     rows = [
@@ -190,7 +196,7 @@ def _calibrate(db: Path, timings: dict[str, float]) -> Any:
             r["direction"],
             r["model"],
             r["n_train"],
-            None if r["mape"] is None else f"{r['mape']:.1f}",
+            _pct(r["mape"]),
             r["status"],
         ]
         for r in report.iter_rows(named=True)
