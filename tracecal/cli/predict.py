@@ -84,6 +84,8 @@ def predict(
                 con, run, mode=resolved, cluster=cluster, model=model, scale=factors, iteration=iteration
             )
         table = _rows_ms(pred.components)
+        if resolved == "predicted" and pred.coverage["all"] == 0:
+            warn(f"no operator of {run} is covered by cluster {cluster}'s models: every duration kept measured")
         if stored.paired_p2p:
             warn(f"{stored.paired_p2p} send/recv rows had no peer; paired by order between the run's two ranks")
         if fmt == "csv" or fmt == "json":
