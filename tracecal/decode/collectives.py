@@ -249,38 +249,87 @@ def layout_group(rank: int, role: str, layout: Layout) -> list[int] | None:
     return [p * dp * tp + dp_i * tp + tp_i for p in range(pp)]
 
 
+def _fifo_pairs(calls: list[tuple[int, int, object]], work: list[tuple[int, int, object]]) -> dict[int, int]:
+    """Pair work ranges with the calls that enqueued them, first in first out, a range never before its call.
+
+    ``calls`` and ``work`` are (ts_ns, row, key) triples; only equal keys pair. Returns work row -> call row.
+    """
+    queues: dict[object, list[int]] = {}
+    heads: dict[object, int] = {}
+    out: dict[int, int] = {}
+    # calls before work at equal times: a range starts inside (or at the start of) its call
+    for _ts, is_work, row, key in sorted([(t, 0, r, k) for t, r, k in calls] + [(t, 1, r, k) for t, r, k in work]):
+        q = queues.setdefault(key, [])
+        if not is_work:
+            q.append(row)
+            continue
+        h = heads.get(key, 0)
+        if h < len(q):
+            out[row] = q[h]
+            heads[key] = h + 1
+    return out
+
+
 def _link_cpu_work(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     """Give gloo work ranges the launch context of the ``c10d::`` operator that enqueued them.
 
-    gloo runs collectives on its own threads; the enqueuing operator on the training thread carries
-    the framework scopes. Work is FIFO per collective kind: the k-th ``gloo:all_reduce`` range is the
-    k-th ``c10d::allreduce_`` call (both in start order).
+    gloo runs collectives on its own threads (several of them: a range that started later may have
+    been enqueued earlier), and a send's range outlasts the calls after it. Work is first in, first
+    out per collective kind and message: a ``gloo:all_reduce`` range of 262144 elements is the oldest
+    not yet started ``c10d::allreduce_`` call of 262144 elements before it. Ranges whose message the
+    calls do not show (or show differently: an all-gather's output list) pair by kind alone in a
+    second pass, with the calls left over. A range with no call before it (enqueued before the
+    capture) has no launch.
     """
     c10d = events.filter((pl.col("kind") == "cpu_op") & pl.col("name").str.starts_with("c10d::"))
     names = set(inst["name"].to_list()) | set(c10d["name"].to_list())
     kinds = {n: normalize_collective(n) or n for n in names}
 
-    def numbered(frame: pl.DataFrame) -> pl.DataFrame:
-        return (
-            frame.sort("rank", "ts_ns", "event_id")
-            .with_columns(pl.col("name").replace_strict(kinds, return_dtype=pl.Utf8).alias("_kind"))
-            .with_columns(pl.int_range(0, pl.len()).over("rank", "_kind").alias("_k"))
+    work_dims = inst.join(events.select("uid", "input_dims"), on="uid", how="left", maintain_order="left")["input_dims"]
+    # the message is the first tensor's elements (TensorLists summed): ``[[262144]]`` on the range,
+    # ``[[[262144]],[],...]`` on the call
+    dims = pl.concat([c10d["input_dims"], work_dims]).drop_nulls().unique().to_list()
+    elems = {d: _dims_elements(d) for d in dims}
+
+    def keyed(frame: pl.DataFrame, dims: pl.Series) -> pl.DataFrame:
+        return frame.with_row_index("_row").select(
+            "_row",
+            "rank",
+            "ts_ns",
+            pl.col("name").replace_strict(kinds, return_dtype=pl.Utf8).alias("_kind"),
+            dims.replace_strict(elems, default=None, return_dtype=pl.Int64).alias("_elems"),
         )
 
-    ops = numbered(c10d).select(
-        "rank",
-        "_kind",
-        "_k",
-        pl.col("pid").alias("_pid"),
-        pl.col("tid").alias("_tid"),
-        pl.col("ts_ns").alias("_launch"),
+    calls = keyed(c10d, c10d["input_dims"]).partition_by("rank", as_dict=True)
+    work = keyed(inst, work_dims)
+    pairs: dict[int, int] = {}
+    for (rank,), w in work.partition_by("rank", as_dict=True).items():
+        c = calls.get((rank,))
+        crows = list(zip(c["ts_ns"], c["_row"], c["_kind"], c["_elems"], strict=True)) if c is not None else []
+        wrows = list(zip(w["ts_ns"], w["_row"], w["_kind"], w["_elems"], strict=True))
+        first = _fifo_pairs([(t, r, (k, e)) for t, r, k, e in crows], [(t, r, (k, e)) for t, r, k, e in wrows])
+        used = set(first.values())
+        second = _fifo_pairs(
+            [(t, r, k) for t, r, k, _ in crows if r not in used], [(t, r, k) for t, r, k, _ in wrows if r not in first]
+        )
+        pairs.update(first)
+        pairs.update(second)
+    call_of = pl.DataFrame(
+        {"_row": list(pairs), "_call": list(pairs.values())}, schema={"_row": pl.UInt32, "_call": pl.UInt32}
     )
-    linked = numbered(inst).join(ops, on=["rank", "_kind", "_k"], how="left")
+    ops = c10d.with_row_index("_call").select(
+        "_call", pl.col("pid").alias("_pid"), pl.col("tid").alias("_tid"), pl.col("ts_ns").alias("_launch")
+    )
+    linked = inst.with_row_index("_row").join(call_of, on="_row", how="left").join(ops, on="_call", how="left")
+    # on a rank whose calls were recorded, a range without one was enqueued before the capture: no
+    # launch (so not numbered for matching, as for kernels launched before it); without any calls
+    # (a trace that does not record them) a range stands for its own launch
+    has_calls = pl.col("rank").is_in(c10d["rank"].unique().implode())
     return linked.with_columns(
-        pl.coalesce("_launch", "launch_ns").alias("launch_ns"),
+        pl.when(has_calls).then(pl.col("_launch")).otherwise(pl.col("launch_ns")).alias("launch_ns"),
         pl.coalesce("_pid", "cpu_pid").alias("cpu_pid"),
         pl.coalesce("_tid", "cpu_tid").alias("cpu_tid"),
-    ).drop("_kind", "_k", "_pid", "_tid", "_launch")
+    ).drop("_row", "_call", "_pid", "_tid", "_launch")
 
 
 def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | None) -> pl.DataFrame:
@@ -333,16 +382,20 @@ _ROW_SCHEMA = {
     "dtype": pl.Utf8,
     "pg_name": pl.Utf8, "pg_ranks": pl.Utf8, "peer": pl.Int32, "role": pl.Utf8, "iteration": pl.Int32,
     "stream": pl.Int32, "algbw_gbps": pl.Float64, "busbw_gbps": pl.Float64, "size_bytes": pl.Int64,
-    "group_size": pl.Int32, "coll_seq": pl.Int64, "_inferred": pl.Utf8, "linked": pl.Boolean,
+    "group_size": pl.Int32, "coll_seq": pl.Int64, "_inferred": pl.Utf8, "linked": pl.Boolean, "_order": pl.Int64,
 }  # fmt: skip
 """Columns of a collective row before group keys and sequence numbers are added."""
 
 
 def _empty_collectives() -> pl.DataFrame:
-    return pl.DataFrame(schema=_ROW_SCHEMA).with_columns(
-        pl.lit(None, dtype=pl.Utf8).alias("group_key"),
-        pl.lit(None, dtype=pl.Int64).alias("end_ns"),
-        pl.lit(None, dtype=pl.Int64).alias("seq_in_group"),
+    return (
+        pl.DataFrame(schema=_ROW_SCHEMA)
+        .with_columns(
+            pl.lit(None, dtype=pl.Utf8).alias("group_key"),
+            pl.lit(None, dtype=pl.Int64).alias("end_ns"),
+            pl.lit(None, dtype=pl.Int64).alias("seq_in_group"),
+        )
+        .drop("_order")
     )
 
 
@@ -375,6 +428,7 @@ def rank_collectives(
     )
     inst = inst.select(
         "rank",
+        on_gpu.alias("on_gpu"),
         "uid",
         "event_id",
         "name",
@@ -408,6 +462,9 @@ def rank_collectives(
     own = events.select("uid", *[pl.col(c).alias("k_" + c) for c in own_cols])
     inst = inst.join(own, on="uid", how="left")
     inst = inst.join(_context_attrs(events, inst, names), on="uid", how="left")
+    # a gloo range is its own annotation: the one enclosing its call is another instance (an async
+    # send still running when the next recv is called)
+    inst = inst.with_columns(pl.when(on_gpu).then(pl.col(c)).alias(c) for c in inst.columns if c.startswith("a_"))
     inst = inst.join(_scope_evidence(events, inst, names), on="uid", how="left")
 
     def first(field: str, prefixes: str = "kra") -> pl.Expr:
@@ -430,11 +487,13 @@ def rank_collectives(
     records = []
     for r in rows.iter_rows(named=True):
         rank = r["rank"]
+        # the instance's own name wins over its context's (a SendRecv kernel does not say)
         name = (
-            normalize_collective(r["_cname"])
+            normalize_collective(r["k_coll_name"])
+            or normalize_collective(r["name"])
+            or normalize_collective(r["_cname"])
             or normalize_collective(r["a_name"])
             or normalize_collective(r["c_name"])
-            or normalize_collective(r["name"])
             or "other"
         )
         ranks = parse_ranks(r["pg_ranks"])
@@ -492,6 +551,9 @@ def rank_collectives(
                 "coll_seq": r["coll_seq"],
                 "_inferred": orjson.dumps(inferred).decode() if inferred else None,
                 "linked": r["launch_ns"] is not None,
+                # gloo work runs on several threads, so a range may start before one enqueued
+                # earlier: the calls' order is the order every rank agrees on
+                "_order": r["ts_ns"] if r["on_gpu"] else (r["launch_ns"] or r["ts_ns"]),
             }
         )
     schema = _ROW_SCHEMA
@@ -499,11 +561,15 @@ def rank_collectives(
     out = out.with_columns(
         pl.coalesce(pl.col("pg_name"), pl.col("pg_ranks"), pl.col("_inferred"), pl.lit("default")).alias("group_key"),
         (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"),
-    ).sort("rank", "ts_ns", "event_id")
+    ).sort("rank", "_order", "event_id")
     # order within the group on this rank; instances launched before the capture (no CPU side)
     # are not numbered: another rank may not have recorded them at all
-    return out.with_columns(
-        pl.when(pl.col("linked") | ~pl.col("linked").any().over("rank"))
-        .then(pl.int_range(0, pl.len(), dtype=pl.Int64).over("rank", "group_key", "linked"))
-        .alias("seq_in_group")
+    return (
+        out.with_columns(
+            pl.when(pl.col("linked") | ~pl.col("linked").any().over("rank"))
+            .then(pl.int_range(0, pl.len(), dtype=pl.Int64).over("rank", "group_key", "linked"))
+            .alias("seq_in_group")
+        )
+        .sort("rank", "ts_ns", "event_id")
+        .drop("_order")
     )
