@@ -29,7 +29,7 @@ from tracecal.calibrate.features import (
     physics_columns,
     usable_features,
 )
-from tracecal.calibrate.selection import select_model
+from tracecal.calibrate.selection import CANDIDATES, COMM_CANDIDATES, select_model
 from tracecal.calibrate.validation import (
     CONSISTENT_NOISE_PCT,
     MIN_SAMPLES,
@@ -181,6 +181,7 @@ def fit_group(
         physical_columns=physical,
         folds=folds,
         n_jobs=n_jobs,
+        candidates=COMM_CANDIDATES if key.family == COMM_FAMILY else CANDIDATES,
     )
     holdout_model = DurationRegressor(**selection.params).fit(features[split.train], y[split.train])
     result.metrics = error_metrics(holdout_model.predict(features[split.test]), y[split.test])

@@ -21,6 +21,7 @@ shapes. Rows without a candidate get NaN, which the replay counts as uncovered.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -160,6 +161,7 @@ class CalibratedModels:
             )
             comm = {"collective": collectives, "nodes": nodes, "gpn": gpn}
         for i, family in enumerate(families):
+            slot: tuple[Any, ...]
             if family == COMM_FAMILY:
                 slot = (COMM_FAMILY, comm["collective"][i], _topology(comm["nodes"][i], comm["gpn"][i]))
             else:

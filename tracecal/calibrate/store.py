@@ -183,7 +183,7 @@ def save_results(
     return frame.height
 
 
-_POLARS = {
+_POLARS: dict[str, Any] = {
     "VARCHAR": pl.Utf8,
     "INTEGER": pl.Int32,
     "BIGINT": pl.Int64,
