@@ -219,3 +219,25 @@ def test_flagged_samples_are_excluded_and_counted(tmp_path: Path) -> None:
     assert result.n_train + result.n_test == 351 - 5
     assert result.protocol == "published" and result.training is not None
     assert not set(flagged_ids) & set(result.training["sample_id"].to_list())
+
+
+def test_in_trace_report_by_hand() -> None:
+    from tracecal.calibrate.in_trace import in_trace_report
+
+    rows = pl.DataFrame(
+        {
+            "run_id": ["r", "r", "r", "r"],
+            "family": ["gemm", "gemm", "norm", "other"],
+            "dur_ns": [100, 200, 50, 650],
+        }
+    )
+    report = in_trace_report(rows, np.array([110.0, np.nan, 25.0, np.nan]))
+    by_family = {r["family"]: r for r in report.iter_rows(named=True)}
+    gemm = by_family["gemm"]
+    assert (gemm["operators"], gemm["predicted"]) == (2, 1)
+    assert gemm["covered_share"] == pytest.approx(100 / 300) and gemm["mape"] == pytest.approx(10.0)
+    assert by_family["norm"]["mape"] == pytest.approx(50.0)
+    assert by_family["other"]["predicted"] == 0 and by_family["other"]["mape"] is None
+    everything = by_family["all"]
+    assert everything["covered_share"] == pytest.approx(150 / 1000)
+    assert everything["mape"] == pytest.approx(30.0) and everything["predicted_ms"] == pytest.approx(135e-6)
