@@ -2,9 +2,12 @@
 
 An instance is an NCCL/RCCL kernel (``ncclKernel_*``, ``ncclDevKernel_*``) in GPU traces, or a gloo
 work range (``gloo:all_reduce``) in CPU-only traces. Its attributes come, first found wins, from
-the kernel's own collective args (newest Kineto), the enclosing ``record_param_comms`` operator, the
-enclosing ``nccl:*`` / ``gloo:*`` annotation (older traces put Input Dims there), and the enclosing
-``c10d::`` operator, all on the launching thread at the launch time.
+the kernel's own collective args (newest Kineto), the enclosing ``record_param_comms`` operator, NCCL's
+own NVTX ranges in Nsight traces (``ncclAllReduce``, or the ``ncclSend``/``ncclRecv`` of a group:
+``tracecal.decode.nccl_api``), the enclosing ``nccl:*`` annotation (older traces put Input Dims
+there), and the enclosing ``c10d::`` operator, all on the launching thread at the launch time. The
+instance's own name says which collective it is before any of them (a ``SendRecv`` kernel does
+not say). A gloo range is its own annotation: it takes nothing from another gloo range.
 
 Bandwidths follow nccl-tests: algbw = S / t; busbw = algbw × 2(n−1)/n for all-reduce, (n−1)/n for
 all-gather, reduce-scatter and all-to-all (S the total size), 1 for broadcast, reduce, send, recv.
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import orjson
 import polars as pl
 
+from tracecal.decode.nccl_api import nccl_api_fields
 from tracecal.decode.nesting import NameIndex, covered, enclosing, names_like
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
 
@@ -466,6 +470,7 @@ def rank_collectives(
     # send still running when the next recv is called)
     inst = inst.with_columns(pl.when(on_gpu).then(pl.col(c)).alias(c) for c in inst.columns if c.startswith("a_"))
     inst = inst.join(_scope_evidence(events, inst, names), on="uid", how="left")
+    inst = inst.join(nccl_api_fields(events, inst, names), on="uid", how="left")
 
     def first(field: str, prefixes: str = "kra") -> pl.Expr:
         return pl.coalesce([pl.col(p + "_" + field) for p in prefixes])
@@ -473,14 +478,14 @@ def rank_collectives(
     rows = inst.with_columns(
         first("in_msg_nelems").alias("_in"),
         first("out_msg_nelems").alias("_out"),
-        first("group_size").alias("_gsize"),
-        first("pg_name").alias("pg_name"),
+        first("group_size", "krna").alias("_gsize"),
+        first("pg_name", "krna").alias("pg_name"),
         first("pg_ranks").alias("pg_ranks"),
         first("coll_seq").alias("coll_seq"),
         first("coll_dtype").alias("_cdtype"),
-        first("coll_name").alias("_cname"),
-        first("src_rank").alias("_src"),
-        first("dst_rank").alias("_dst"),
+        first("coll_name", "krna").alias("_cname"),
+        first("src_rank", "krna").alias("_src"),
+        first("dst_rank", "krna").alias("_dst"),
         pl.coalesce(pl.col("k_input_dims"), pl.col("a_input_dims"), pl.col("r_input_dims")).alias("_dims"),
         pl.coalesce(pl.col("k_input_types"), pl.col("a_input_types"), pl.col("r_input_types")).alias("_types"),
     )
@@ -501,11 +506,16 @@ def rank_collectives(
         dtype = _coll_dtype(r["_cdtype"]) or _first_type(r["_types"])
         nbytes = DTYPE_BYTES.get(dtype) if dtype else None
         elems = max([x for x in (r["_in"], r["_out"]) if x is not None], default=None)
-        if elems is None:
+        size = elems * nbytes if elems is not None and nbytes else None
+        if elems is None and r["n_bytes"] is not None:
+            # NCCL's message size of an all-gather / reduce-scatter is one rank's shard
+            scale = gsize if name in ("all_gather", "reduce_scatter") and gsize else 1
+            size = r["n_bytes"] * scale
+        elif elems is None:
             elems = _dims_elements(r["_dims"])
             if elems is not None and name == "all_gather" and gsize:
                 elems *= gsize  # the annotation shows the local shard; nccl-tests S is the total
-        size = elems * nbytes if elems is not None and nbytes else None
+            size = elems * nbytes if elems is not None and nbytes else None
         role = role_of_group(ranks, layout) or r["scope_role"]
         if role is None and ranks is None and r["_gsize"] is None and layout.world_size:
             big = [a for a, s in (("tp", layout.tp), ("dp", layout.dp), ("pp", layout.pp)) if s and s > 1]
