@@ -130,10 +130,12 @@ def test_load_predicts_samples_and_traced_rows(calibrated: dict[str, Path]) -> N
     assert np.isnan(predicted[3]) and np.isnan(predicted[4])
 
 
-def test_gemm_in_backward_uses_the_forward_model() -> None:
-    assert direction_of("bwd", "gemm") == "fwd"
-    assert direction_of("bwd", "norm") == "bwd"
-    assert direction_of("optimizer", "optimizer") == "fwd"
+def test_direction_follows_the_operator_not_the_phase() -> None:
+    assert direction_of("bwd", "gemm", "aten::mm") == "fwd"  # one GEMM of its own shape
+    assert direction_of("bwd", "norm", "aten::native_layer_norm_backward") == "bwd"
+    assert direction_of("bwd", "elementwise", "aten::add_") == "fwd"  # gradient accumulation is an add
+    assert direction_of("bwd", "elementwise", "ViewBackward0") is None  # autograd node: no model
+    assert direction_of("bwd", "norm") == "bwd" and direction_of("optimizer", "optimizer") == "fwd"
 
 
 @pytest.mark.slow

@@ -113,8 +113,8 @@ def model_groups(samples: pl.DataFrame, family: str | None = None) -> list[tuple
         split_ops = set(frame.filter(~pl.col("pooled").fill_null(False))["op"].to_list())
         frame = frame.filter(~(pl.col("pooled").fill_null(False) & pl.col("op").is_in(list(split_ops))))
     # imported published samples keep one group per source op (the unit the published errors are
-    # for); sampled compute ops pool per family (aten::mm, aten::addmm, ... are one GEMM cost model);
-    # collectives stay per collective
+    # for); sampled compute ops pool per family (aten::mm, aten::addmm, ... are one GEMM cost model,
+    # the fallback for ops without samples of their own); collectives stay per collective
     imported = pl.col("source").fill_null("").str.starts_with("imported:")
     frame = frame.with_columns(
         pl.when(pl.col("family") == COMM_FAMILY)
@@ -131,6 +131,19 @@ def model_groups(samples: pl.DataFrame, family: str | None = None) -> list[tuple
         ["family", "direction", "_op", "_topology"], maintain_order=True
     ):
         groups.append((GroupKey(str(fam), str(direction), str(op), topology), rows.drop("_topology", "_op")))
+    # a sampled op with enough samples of its own also gets its own model: aten::gelu and aten::add
+    # share a family but not a cost, and traced rows of that op are routed to it by name
+    sampled = frame.filter(pl.col("_op") == ALL_OPS)
+    if sampled.height:
+        usable = pl.col("quality_flag").is_null() & (pl.col("median_ns") > 0)
+        counts = sampled.filter(usable).group_by("family", "direction", "op").len()
+        for fam, direction, op, n in counts.iter_rows():
+            total = sampled.filter((pl.col("family") == fam) & (pl.col("direction") == direction)).height
+            if n >= MIN_SAMPLES and n < total:
+                rows = sampled.filter(
+                    (pl.col("family") == fam) & (pl.col("direction") == direction) & (pl.col("op") == op)
+                )
+                groups.append((GroupKey(str(fam), str(direction), str(op)), rows.drop("_topology", "_op")))
     return sorted(groups, key=lambda g: (g[0].family, g[0].op, g[0].topology or "", g[0].direction))
 
 

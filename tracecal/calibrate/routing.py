@@ -9,9 +9,9 @@ The stable interface the replay uses (``tracecal.predict``)::
 ``cpu_op_name``/``name``) or of collective instances (``family = 'comm'``, ``collective``,
 ``size_bytes``, ``group_size``, ``nodes``, ``gpus_per_node``), or a mix.
 
-Routing, per row: the candidates are the models of the row's family and direction (``phase`` bwd →
-bwd, anything else → fwd; GEMMs always fwd, see ``direction_of``; collectives: the same collective
-and topology ``nodes × gpus_per_node``).
+Routing, per row: the candidates are the models of the row's family and direction (``direction_of``:
+backward operators → bwd, others → fwd, GEMMs always fwd; collectives: the same collective and
+topology ``nodes × gpus_per_node``).
 A candidate whose source op is the row's operator name wins; otherwise the candidate whose training
 samples lie nearest to the row's shape (log scale, per-feature standardised) serves it — e.g. a
 traced ``aten::mm`` of shape 8192×6144×1536 goes to the published GEMM sweep that sampled the nearest
@@ -20,6 +20,7 @@ shapes. Rows without a candidate get NaN, which the replay counts as uncovered.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from typing import Any
 
@@ -27,21 +28,33 @@ import numpy as np
 import polars as pl
 
 from tracecal.calibrate.features import COMM_FAMILY, COMM_NUMERIC, SHAPE_NUMERIC, feature_frame
+from tracecal.calibrate.fitting import ALL_OPS
 from tracecal.calibrate.store import StoredModel
 
-_FAR = 1e6  # distance of a row to a model when a domain feature the model trained on is missing
+_FAR = 1e6  # added distance per domain feature the model trained on that a row lacks
 
 
-def direction_of(phase: str | None, family: str | None = None) -> str:
-    """The sample direction a traced operator of ``phase`` is predicted with.
+AUTOGRAD_NODE = re.compile(r"Backward\d*$")
+"""Autograd graph nodes (``ViewBackward0``, ``AddBackward0``): as leaf operators they did no sampled
+tensor work of their own, so no model covers them."""
 
-    A GEMM traced in the backward pass is still one GEMM of its own (recorded) shape, so it takes the
-    forward model; a ``bwd`` GEMM sample times the whole backward of a forward shape (two GEMMs).
-    Other families' backward operators (``*_backward`` kernels) record the forward shape and take
-    the ``bwd`` model.
+
+def direction_of(phase: str | None, family: str | None = None, name: str | None = None) -> str | None:
+    """The sample direction a traced operator is predicted with, or None when no model applies.
+
+    What matters is the operator, not the phase it ran in: a ``bwd`` sample times the backward
+    kernel of a forward call (``aten::gelu_backward``, ``native_layer_norm_backward``), recorded with
+    the forward shape; an ``aten::add_`` accumulating gradients in the backward pass is a forward
+    add. So: a name containing ``backward`` → bwd, an autograd node → None, any other name → fwd,
+    and without a name the phase decides. GEMMs are always fwd: every GEMM traced in a backward
+    pass is one GEMM of its own recorded shape, while a ``bwd`` GEMM sample times two.
     """
     if family == "gemm":
         return "fwd"
+    if name:
+        if AUTOGRAD_NODE.search(name):
+            return None
+        return "bwd" if "backward" in name.lower() else "fwd"
     return "bwd" if phase == "bwd" else "fwd"
 
 
@@ -108,15 +121,23 @@ class CalibratedModels:
         missing = ~np.isfinite(query)
         query = np.where(missing, 0.0, query)
         distance, _ = KDTree(points).query(query, k=1)
-        return distance[:, 0] + _FAR * missing.sum(axis=1)
+        # a missing feature counts as far (prefer models the row fully describes); a row missing all
+        # of them is beyond every model
+        far = np.where(missing.all(axis=1), np.inf, _FAR * missing.sum(axis=1))
+        return distance[:, 0] + far
 
     def _route(self, frame: pl.DataFrame, candidates: list[StoredModel], family: str) -> np.ndarray:
-        """Index into ``candidates`` per row of ``frame`` (all of one slot)."""
-        if len(candidates) == 1:
-            return np.zeros(frame.height, dtype=np.int64)
+        """Index into ``candidates`` per row of ``frame`` (all of one slot); -1 when a row has none
+        of the shape features the models were trained on (it stays uncovered, not guessed)."""
         features = feature_frame(frame, family)
         distances = np.column_stack([self._distance(m, features) for m in candidates])
         choice = np.argmin(distances, axis=1)
+        pooled = [j for j, m in enumerate(candidates) if m.key.op == ALL_OPS]
+        if pooled:
+            # sampled ops without a model of their own take the family's pooled model
+            choice[:] = pooled[0]
+        described = np.isfinite(distances)
+        choice[~described[np.arange(len(choice)), choice]] = -1
         # an operator named like a model's source op (e.g. sampled aten::mm) uses that model
         for column in ("cpu_op_name", "op", "name"):
             if column not in frame.columns:
@@ -124,7 +145,7 @@ class CalibratedModels:
             names = frame.get_column(column).cast(pl.Utf8).to_list()
             for j, m in enumerate(candidates):
                 hit = np.array([n == m.key.op for n in names], dtype=bool)
-                choice[hit] = j
+                choice[hit & described[:, j]] = j
         return choice
 
     def predict(self, frame: pl.DataFrame) -> np.ndarray:
@@ -145,6 +166,11 @@ class CalibratedModels:
             phases = indexed.get_column("phase").cast(pl.Utf8).to_list()
         else:
             phases = [None] * indexed.height
+        names: list[str | None] = [None] * indexed.height
+        for column in ("name", "cpu_op_name"):  # the CPU operator's name wins over a kernel name
+            if column in indexed.columns:
+                values = indexed.get_column(column).cast(pl.Utf8).to_list()
+                names = [v if v is not None else n for v, n in zip(values, names, strict=True)]
         slots: dict[tuple, list[int]] = defaultdict(list)
         comm = {}
         if COMM_FAMILY in families:
@@ -165,7 +191,10 @@ class CalibratedModels:
             if family == COMM_FAMILY:
                 slot = (COMM_FAMILY, comm["collective"][i], _topology(comm["nodes"][i], comm["gpn"][i]))
             else:
-                slot = (family, direction_of(phases[i], family))
+                direction = direction_of(phases[i], family, names[i])
+                if direction is None:
+                    continue
+                slot = (family, direction)
             if slot in self._by_slot:
                 slots[slot].append(i)
         for slot, rows in slots.items():
