@@ -24,6 +24,7 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
+    rich_markup_mode=None,  # plain click help: rewraps docstrings to the terminal width
 )
 
 app.command("sql")(query.sql)
