@@ -101,3 +101,19 @@ def test_a_group_member_without_a_payload_leaves_the_size_unknown() -> None:
     ]
     c = decode_rank(events(rows), rank=0, layout=WORLD4).collectives.row(0, named=True)
     assert (c["name"], c["size_bytes"], c["pg_name"]) == ("send", None, "nccl_comm:7")
+
+
+def test_kernels_sharing_one_group_end_get_its_name_but_no_size() -> None:
+    rows = [
+        step(1, 0, 10_000),
+        nvtx("ncclGroupStart", 100, 5),
+        nvtx("ncclAllReduce", 110, 5, bytes=512, **comm()),
+        nvtx("ncclAllReduce", 120, 5, bytes=256, **comm()),
+        nvtx("ncclGroupEnd", 200, 100),
+        launch(1, 250),
+        launch(2, 260),
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 1, 400, 64),
+        kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", 2, 500, 64),
+    ]
+    c = decode_rank(events(rows), rank=0, layout=WORLD4).collectives.sort("ts_ns")
+    assert c.select("name", "size_bytes", "pg_name").rows() == [("all_reduce", None, "nccl_comm:7")] * 2

@@ -11,7 +11,7 @@ payloads, ``bytes`` (message size), ``pg_name`` (the communicator), ``group_size
   PyTorch's all-to-all and batched p2p do) launch one kernel inside the outermost ``ncclGroupEnd``:
   the data ranges of that group on the thread, summed. A group's collective name is its members'
   when they agree; its size is what this rank sends when it both sends and receives (an all-to-all's
-  S), else the members' total.
+  S), else the members' total; unknown when a member has no size or the group launched several kernels.
 """
 
 from __future__ import annotations
@@ -110,6 +110,8 @@ def nccl_api_fields(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
         hit.filter(pl.col("id").is_not_null())
         .join(ends.select(pl.col("uid").alias("id"), *lane, "_group"), on="id", how="inner")
         .join(groups, on=[*lane, "_group"], how="inner")
+        # several kernels launched by one group share its calls in a way the ranges do not say
+        .with_columns(pl.when(pl.len().over("id") == 1).then(pl.col("bytes")).alias("bytes"))
         .select("qid", *cols)
     )
     found = pl.concat([own, grouped.join(own.select("qid"), on="qid", how="anti")], how="vertical_relaxed")
