@@ -563,7 +563,7 @@ def rank_collectives(
                 "linked": r["launch_ns"] is not None,
                 # gloo work runs on several threads, so a range may start before one enqueued
                 # earlier: the calls' order is the order every rank agrees on
-                "_order": r["ts_ns"] if r["on_gpu"] else (r["launch_ns"] or r["ts_ns"]),
+                "_order": r["launch_ns"] if not r["on_gpu"] and r["launch_ns"] is not None else r["ts_ns"],
             }
         )
     schema = _ROW_SCHEMA
