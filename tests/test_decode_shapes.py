@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 import polars as pl
 import pytest
 
@@ -140,3 +141,39 @@ def test_aten_flash_attention_forward_uses_the_batch_seq_heads_layout() -> None:
         '["","","","","","141","141","0.","False","False"]',
     )
     assert (row["batch"], row["seq_q"], row["heads"], row["head_dim"], row["causal"]) == (3, 141, 12, 64, False)
+
+
+def test_softmax_and_norm_record_rows_and_the_reduced_width() -> None:
+    # [b, heads, l, l] scores: rows b*heads*l, each a softmax over l (dim -1 from Concrete Inputs)
+    sm = shape_row("aten::_softmax", "[[2,16,1024,1024],[],[]]", '["c10::Half","Scalar","Scalar"]', '["","-1","False"]')
+    assert (sm["elements"], sm["tokens"], sm["hidden"]) == (2 * 16 * 1024 * 1024, 2 * 16 * 1024, 1024)
+    # softmax over dim 2 of [2, 3, 5, 7]: 5 long rows, 2*3*7 of them
+    other = shape_row("aten::_softmax", "[[2,3,5,7],[],[]]", '["float","Scalar","Scalar"]', '["","2","False"]')
+    assert (other["tokens"], other["hidden"]) == (42, 5)
+    # no Concrete Inputs: the last dimension, the softmax rule
+    assert shape_row("aten::_softmax", "[[6,10]]", '["float"]')["hidden"] == 10
+    # backward: dim is argument 2 of _softmax_backward_data(grad, output, dim, dtype)
+    bwd = shape_row(
+        "aten::_softmax_backward_data",
+        "[[4,8],[4,8],[],[]]",
+        '["float","float","Scalar","Scalar"]',
+        '["","","0","6"]',
+    )
+    assert (bwd["tokens"], bwd["hidden"]) == (8, 4)
+    norm = shape_row("aten::native_layer_norm", "[[8,512,1024],[],[1024],[1024],[]]", '["c10::Half"]')
+    assert (norm["tokens"], norm["hidden"]) == (8 * 512, 1024)
+
+
+def test_optimizer_counts_tensors_and_width_from_the_tensor_list() -> None:
+    # _fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, state_steps, lr, ...) as
+    # Kineto records it: one TensorList per argument
+    params = [[3072, 1024], [3072], [1024, 1024], [1024], [1024], [1024]]
+    dims = orjson.dumps([params, params, params, params, [], [[]] * 6, [], []]).decode()
+    types = '["TensorList","TensorList","TensorList","TensorList","TensorList","TensorList","Scalar","Scalar"]'
+    opt = shape_row("aten::_fused_adamw_", dims, types)
+    assert opt["params"] == 3072 * 1024 + 3072 + 1024 * 1024 + 3 * 1024
+    assert opt["batch"] == 6  # tensors updated: the first list's length
+    assert opt["hidden"] == 1024  # three 1-D tensors of 1024 against one of 3072
+    assert opt["dtype"] is None  # a TensorList has no element type in the trace
+    flat = shape_row("aten::_foreach_mul_", "[[[10,10],[10,10]],[]]", '["TensorList","Scalar"]')
+    assert (flat["params"], flat["batch"], flat["hidden"]) == (200, 2, None)  # no 1-D tensor: NULL width

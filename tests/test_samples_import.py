@@ -11,6 +11,7 @@ import polars as pl
 import pytest
 
 from tests.conftest import GPUMODELING25
+from tracecal.decode.shapes import shape_row
 from tracecal.errors import InputNotFoundError, SampleError
 from tracecal.samplers.importers.gpumodeling25 import (
     import_gpumodeling25,
@@ -18,7 +19,7 @@ from tracecal.samplers.importers.gpumodeling25 import (
     published_errors,
     published_sample_id,
 )
-from tracecal.samplers.importers.gpumodeling25_ops import padded_vocab_per_rank
+from tracecal.samplers.importers.gpumodeling25_ops import padded_vocab_per_rank, stage_tensors
 from tracecal.schema import SAMPLES
 from tracecal.sql.connection import open_database
 from tracecal.sql.samples import read_samples
@@ -135,6 +136,35 @@ def test_attention_and_optimizer_features_by_hand(compute: pl.DataFrame) -> None
     assert (opt["family"], opt["params"]) == ("optimizer", 4 * (12 * h * h + 9 * h + 4 * h))
     legacy = _row(compute, "optimizer", "fwd", num_layers=2, hidden_size=256)
     assert legacy["params"] == 27_335_680
+    assert (legacy["batch"], legacy["hidden"]) == (28, 256)  # the file's param_tensors and hidden_size
+
+
+def test_stage_optimizers_carry_tensor_count_and_width(compute: pl.DataFrame) -> None:
+    """12 tensors per encoder (2 LayerNorms and 4 biased Linears), +1 embedding on the first stage,
+    +LayerNorm and vocab projection on the last; width = h; as a traced _fused_adam_ would give."""
+    h, t = 2048, 2
+    middle = _row(compute, "middleStage_optimizer", "fwd", mp=t, dim=h, encoders=4)
+    first = _row(compute, "firstStage_optimizer", "fwd", mp=1, dim=h, encoders=11)
+    last = _row(compute, "lastStage_optimizer", "fwd", mp=1, dim=h, encoders=4)
+    assert (middle["batch"], first["batch"], last["batch"]) == (4 * 12, 11 * 12 + 1, 4 * 12 + 3)
+    assert middle["hidden"] == first["hidden"] == last["hidden"] == h
+    assert middle["params"] == 4 * (12 * h * h // t + 7 * h // t + 6 * h)  # biases 3h/t, h, 4h/t, h
+    vocab = padded_vocab_per_rank(1)
+    assert first["params"] == 11 * (12 * h * h + 9 * h + 4 * h) + vocab * h
+    assert last["params"] == 4 * (12 * h * h + 9 * h + 4 * h) + 2 * h + vocab * h
+    # the join: the same stage traced as _fused_adam_(params, grads, exp_avgs, exp_avg_sqs, ...)
+    tensors = stage_tensors(t, h, 4, first=False, last=False)
+    traced = shape_row("aten::_fused_adam_", json.dumps([tensors] * 4 + [[], []]), json.dumps(["TensorList"] * 6))
+    keys = ("params", "batch", "hidden")
+    assert {c: traced[c] for c in keys} == {c: middle[c] for c in keys}
+
+
+def test_softmax_rows_carry_row_count_and_length(compute: pl.DataFrame) -> None:
+    """[b·heads/t, l, l]: b·heads/t·l rows of length l, so b·heads/t and l are told apart."""
+    r = _row(compute, "ScaledUpperTriangMaskedSoftmax", "fwd", mp=1, b=2, h=2, l=1088)
+    assert (r["elements"], r["tokens"], r["hidden"], r["causal"]) == (2 * 2 * 1088 * 1088, 2 * 2 * 1088, 1088, True)
+    s = _row(compute, "softmax", "bwd", mp=2, b=4, h=16, l=1024)
+    assert (s["tokens"], s["hidden"]) == (4 * 8 * 1024, 1024)
 
 
 def test_nccl_sizes_by_hand(nccl: pl.DataFrame) -> None:

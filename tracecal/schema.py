@@ -58,7 +58,7 @@ def _cols(*specs: tuple[str, str, str] | Column) -> tuple[Column, ...]:
 # --- column groups shared by several tables -------------------------------------------------------
 
 SHAPE_COLUMNS = _cols(
-    ("batch", "BIGINT", "GEMM batch count (bmm/baddbmm) or micro-batch size; NULL when not applicable"),
+    ("batch", "BIGINT", "GEMM batch count (bmm/baddbmm), micro-batch size, optimizer: tensors updated"),
     ("m", "BIGINT", "GEMM rows of the output (M)"),
     ("n", "BIGINT", "GEMM columns of the output (N)"),
     ("k", "BIGINT", "GEMM reduction dimension (K)"),
@@ -68,9 +68,9 @@ SHAPE_COLUMNS = _cols(
     ("head_dim", "BIGINT", "attention head dimension"),
     ("causal", "BOOLEAN", "attention is causal (masked upper triangle)"),
     ("elements", "BIGINT", "elements of the main input tensor (elementwise, norm, softmax, loss)"),
-    ("tokens", "BIGINT", "tokens looked up (embedding) or rows of the loss input"),
+    ("tokens", "BIGINT", "tokens looked up (embedding) or rows of the loss, softmax or norm input"),
     ("vocab", "BIGINT", "vocabulary rows (embedding, loss), per tensor-parallel rank"),
-    ("hidden", "BIGINT", "hidden size (embedding width, norm width)"),
+    ("hidden", "BIGINT", "embedding/norm width, softmax row length, optimizer: commonest 1-D param length"),
     ("params", "BIGINT", "parameters updated (optimizer step)"),
     ("dtype", "VARCHAR", "element type of the main input: float32, float16, bfloat16, ..."),
     ("flops", "DOUBLE", "floating-point operations derived from the shape (2·M·N·K·batch for GEMM)"),

@@ -57,6 +57,7 @@ COMM_NUMERIC = tuple(c.name for c in COMM_COLUMNS)
 
 PHYSICS_COLUMNS = {
     "compute": ("flops_derived", "bytes_moved"),
+    "optimizer": ("flops_derived", "bytes_moved", "tensors"),
     "comm": ("ring_steps", "bus_bytes"),
 }
 """Columns of ``feature_frame`` the physical baselines are linear in (besides a constant)."""
@@ -135,6 +136,33 @@ def _memory_bound(frame: pl.DataFrame) -> dict[str, np.ndarray]:
     return out
 
 
+def _row_reduction(frame: pl.DataFrame) -> dict[str, np.ndarray]:
+    """softmax, norm: rows × row length. Kernels pick their variant by the row length rounded up to
+    a power of two (warp-per-row softmax/norm kernels unroll over next_pow2(width) / 32 elements per
+    thread), and a causal mask skips half of each score row."""
+    width, rows = _col(frame, "hidden"), _col(frame, "tokens")
+    causal = _col(frame, "causal")
+    with np.errstate(invalid="ignore", divide="ignore"):
+        pow2 = np.exp2(np.ceil(np.log2(width)))
+    out: dict[str, np.ndarray] = {}
+    out["row_pow2"] = pow2
+    out["row_fill"] = width / pow2  # share of the padded row that is real work
+    out["padded_elements"] = rows * pow2
+    out["live_elements"] = _col(frame, "elements") * np.where(causal == 1.0, 0.5, 1.0)
+    return out
+
+
+def _optimizer(frame: pl.DataFrame) -> dict[str, np.ndarray]:
+    """Optimizer steps: multi-tensor kernels process tensors in chunks and launch per group of
+    tensors, and a freshly built optimizer allocates state per tensor: tensor count and mean tensor
+    size matter besides the parameter count."""
+    tensors, params = _col(frame, "batch"), _col(frame, "params")
+    out: dict[str, np.ndarray] = {}
+    out["tensors"] = tensors
+    out["params_per_tensor"] = params / tensors
+    return out
+
+
 def _comm(frame: pl.DataFrame) -> dict[str, np.ndarray]:
     size = _col(frame, "size_bytes")
     n = _col(frame, "group_size")
@@ -190,8 +218,12 @@ def feature_frame(frame: pl.DataFrame, family: str, *, sm_count: int = DEFAULT_S
         columns.update(_attention(frame, sm_count))
     else:
         columns.update(_memory_bound(frame))
+        if family in ("softmax", "norm"):
+            columns.update(_row_reduction(frame))
+        elif family == "optimizer":
+            columns.update(_optimizer(frame))
     with np.errstate(invalid="ignore", divide="ignore"):
-        for name in ("flops_derived", "bytes_moved", "bus_bytes", "main_elements"):
+        for name in ("flops_derived", "bytes_moved", "bus_bytes", "main_elements", "params_per_tensor"):
             if name in columns:
                 columns[f"log_{name}"] = np.log(np.where(columns[name] > 0, columns[name], np.nan))
     return pl.DataFrame({name: pl.Series(name, values, dtype=pl.Float64) for name, values in columns.items()})
@@ -210,4 +242,6 @@ def usable_features(features: pl.DataFrame) -> list[str]:
 
 def physics_columns(family: str) -> tuple[str, ...]:
     """The feature columns the physical baseline of ``family`` is linear in."""
-    return PHYSICS_COLUMNS["comm" if family == COMM_FAMILY else "compute"]
+    if family in PHYSICS_COLUMNS:
+        return PHYSICS_COLUMNS[family]  # the optimizer adds a per-tensor cost
+    return PHYSICS_COLUMNS["compute"]

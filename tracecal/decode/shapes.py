@@ -335,7 +335,9 @@ def shape_row(
         ``{column: value}`` for every column of ``schema.SHAPE_COLUMNS``. GEMM: M, N, K, batch and
         flops = 2·M·N·K·batch. Attention: batch, heads, seq_q, seq_k, head_dim, causal and flops =
         4·b·h·sq·sk·d (halved when causal; ×2.5 for backward). Softmax/norm/elementwise/loss:
-        elements of the first tensor. Embedding: tokens, vocab, hidden. Optimizer: params.
+        elements of the first tensor; softmax/norm also ``hidden`` = the reduced (row) length and
+        ``tokens`` = rows. Embedding: tokens, vocab, hidden. Optimizer: params, ``batch`` = tensors
+        updated, ``hidden`` = most common 1-D tensor length (see ``_optimizer``).
     """
     out: dict[str, Any] = {c.name: None for c in SHAPE_COLUMNS}
     if not name:
@@ -383,9 +385,7 @@ def shape_row(
                 out.update({"tokens": _prod(first[:-1]), "hidden": first[-1], "vocab": None})
         return out
     if fam == "optimizer":
-        # foreach/fused optimizers take TensorLists (params, grads, states...): count the first list
-        out["params"] = sum(_prod(s) for s in dims[0] if s) if _is_list_op(dims) else _prod(first)
-        out["elements"] = out["params"]
+        out.update(_optimizer(dims, first))
         return out
     if fam == "loss":
         out["elements"] = _prod(first)
@@ -395,11 +395,53 @@ def shape_row(
         return out
     if fam in ("softmax", "norm", "elementwise"):
         out["elements"] = _prod(first)
-        if fam == "norm":
-            out["hidden"] = first[-1]
+        if fam in ("softmax", "norm"):
+            # a row-wise reduction: its kernel is chosen by the row length (warp per row up to a
+            # few thousand elements, block per row beyond), so rows × width is not just elements
+            width = first[_reduced_axis(name, first, concrete if isinstance(concrete, list) else [])]
+            out["hidden"] = width
+            out["tokens"] = _prod(first) // width if width else None
         out["io_bytes"] = _io(ts, _prod(first), nbytes)
         return out
     return out
+
+
+_SOFTMAX_DIM_ARG = {"_softmax": 1, "softmax": 1, "_log_softmax": 1, "log_softmax": 1,
+                    "_softmax_backward_data": 2, "_log_softmax_backward_data": 2}  # fmt: skip
+"""Position of ``dim`` in Concrete Inputs per softmax op (the aten signatures)."""
+
+
+def _reduced_axis(name: str, first: list[int], concrete: list[Any]) -> int:
+    """Axis of ``first`` a softmax/norm reduces over: the softmax ``dim`` when Concrete Inputs give
+    it, else the last (norms normalise trailing dimensions; softmax over the last is the rule)."""
+    pos = _SOFTMAX_DIM_ARG.get(name.split("::")[-1])
+    if pos is not None and pos < len(concrete):
+        try:
+            dim = int(concrete[pos])
+        except (TypeError, ValueError):
+            return len(first) - 1
+        if -len(first) <= dim < len(first):
+            return dim % len(first)
+    return len(first) - 1
+
+
+def _optimizer(dims: list[Any], first: list[int]) -> dict[str, Any]:
+    """Optimizer features: ``params`` (elements updated), ``batch`` (tensors updated) and ``hidden``.
+
+    foreach/fused optimizers (``_fused_adamw_``, ``_foreach_*``) take TensorLists (params, grads,
+    states...); the first list is the parameters. Their time is not params alone: multi-tensor
+    kernels work in per-tensor chunks and launch per group of tensors, so the tensor count matters.
+    ``hidden`` is the most common length of the 1-D tensors (LayerNorm weights and biases, row-parallel
+    biases: the model's hidden size; ties go to the longer), NULL without 1-D tensors.
+    """
+    shapes = [s for s in dims[0] if s] if _is_list_op(dims) else [first]
+    params = sum(_prod(s) for s in shapes)
+    lengths: dict[int, int] = {}
+    for s in shapes:
+        if len(s) == 1:
+            lengths[s[0]] = lengths.get(s[0], 0) + 1
+    hidden = max(lengths, key=lambda n: (lengths[n], n)) if lengths else None
+    return {"params": params, "elements": params, "batch": len(shapes), "hidden": hidden}
 
 
 def _is_list_op(dims: list[Any]) -> bool:

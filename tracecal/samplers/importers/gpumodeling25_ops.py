@@ -15,10 +15,15 @@ shape get the same M/N/K, elements, flops and io_bytes. Conventions the publishe
 - ``fillmask`` (baddbmm + masked_fill + softmax) has family softmax, ``elements`` of its score
   tensor, the flops of its baddbmm and io_bytes of all three steps;
 - ``RoPE`` is elementwise over ``[l, b, heads/t, h/heads]`` (input and output counted in io_bytes);
-- stage optimizers: Adam over the toy stage of seed_algorithm §5.1; ``params`` counts its weights
-  and biases (Linear h→3h/t, h/t→h, h→4h/t, 4h/t→h with biases and two LayerNorms per encoder, plus
-  the embedding for the first and a LayerNorm and the vocab projection for the last stage);
-- the legacy ``optimizer`` file gives ``params`` directly (hidden size and layers stay in params_json).
+- ``softmax``, ``fillmask`` and ``ScaledUpperTriangMaskedSoftmax`` rows get ``hidden`` = the softmax
+  row length ``l`` and ``tokens`` = rows (``b·heads/t·l``), as a traced ``aten::_softmax`` does;
+- stage optimizers: FusedAdam over the toy stage of seed_algorithm §5.1, recorded as the TensorList
+  of its parameter tensors (Linear h→3h/t, h/t→h, h→4h/t, 4h/t→h with biases and two LayerNorms per
+  encoder, plus the embedding for the first and a LayerNorm and the vocab projection for the last
+  stage), so ``params`` = elements, ``batch`` = tensors and ``hidden`` = h as for a traced
+  ``_fused_adam_``;
+- the legacy ``optimizer`` file gives ``params``, ``batch`` = ``param_tensors`` and ``hidden`` =
+  ``hidden_size`` directly.
 """
 
 from __future__ import annotations
@@ -152,31 +157,40 @@ def _cross_entropy(r: Row) -> Features:
     return shape_row("vocab_parallel_cross_entropy", [[r["l"], r["b"], vocab], [r["l"], r["b"]]], [HALF, LONG])
 
 
-def _encoder_params(h: int, t: int) -> int:
-    linears = (h * 3 * h // t + 3 * h // t) + (h // t * h + h) + (h * 4 * h // t + 4 * h // t) + (4 * h // t * h + h)
-    return linears + 2 * (2 * h)  # two LayerNorms (weight and bias)
+def _encoder_tensors(h: int, t: int) -> list[list[int]]:
+    """Parameter tensors of one toy encoder (seed_algorithm §5.1): LayerNorm, Linear h→3h/t,
+    Linear h/t→h, LayerNorm, Linear h→4h/t, Linear 4h/t→h, every Linear with a bias (12 tensors)."""
+    ln = [[h], [h]]
+    t3, t4, ht = _div(3 * h, t, "3h/mp"), _div(4 * h, t, "4h/mp"), _div(h, t, "dim/mp")
+    return [*ln, [t3, h], [t3], [h, ht], [h], *ln, [t4, h], [t4], [h, t4], [h]]
+
+
+def stage_tensors(t: int, h: int, layers: int, *, first: bool, last: bool) -> list[list[int]]:
+    """Parameter tensor shapes of a toy pipeline stage, in the order the optimizer receives them:
+    the vocab-parallel embedding (first stage), ``layers`` encoders, and a final LayerNorm and the
+    vocab projection without bias (last stage)."""
+    vocab = padded_vocab_per_rank(t)
+    tensors = [[vocab, h]] if first else []
+    tensors += layers * _encoder_tensors(h, t)
+    if last:
+        tensors += [[h], [h], [vocab, h]]
+    return tensors
 
 
 def _stage_optimizer(first: bool, last: bool) -> Callable[[Row], Features]:
     def features(r: Row) -> Features:
-        t, h, layers = r["mp"], r["dim"], r["encoders"]
-        _div(h, t, "dim/mp")
-        params = layers * _encoder_params(h, t)
-        if first:
-            params += padded_vocab_per_rank(t) * h
-        if last:
-            params += 2 * h + padded_vocab_per_rank(t) * h
-        return _optimizer(params)
+        tensors = stage_tensors(r["mp"], r["dim"], r["encoders"], first=first, last=last)
+        # FusedAdam.step over the stage's parameters, recorded like a traced _fused_adam_ call
+        return shape_row("aten::_fused_adam_", [tensors], ["TensorList"])
 
     return features
 
 
-def _optimizer(params: int) -> Features:
-    return shape_row("aten::_fused_adam_", [[[params]]], [HALF])  # a TensorList of one flat tensor
-
-
 def _legacy_optimizer(r: Row) -> Features:
-    return _optimizer(r["params"])
+    # only totals are known: one flat tensor of ``params``, then the file's tensor count and width
+    out = shape_row("aten::_fused_adam_", [[[r["params"]]]], ["TensorList"])
+    out["batch"], out["hidden"] = r["param_tensors"], r["hidden_size"]
+    return out
 
 
 _ATTN = ("mp", "b", "h", "l", "dim")
