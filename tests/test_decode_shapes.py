@@ -177,3 +177,6 @@ def test_optimizer_counts_tensors_and_width_from_the_tensor_list() -> None:
     assert opt["dtype"] is None  # a TensorList has no element type in the trace
     flat = shape_row("aten::_foreach_mul_", "[[[10,10],[10,10]],[]]", '["TensorList","Scalar"]')
     assert (flat["params"], flat["batch"], flat["hidden"]) == (200, 2, None)  # no 1-D tensor: NULL width
+    # 1-D buffers only (how the sampler times a flat parameter list): no weight matrix, no width
+    buffers = shape_row("aten::_fused_adam_", [[[5], [5], [3]]], ["TensorList"])
+    assert (buffers["params"], buffers["batch"], buffers["hidden"]) == (13, 3, None)

@@ -431,14 +431,17 @@ def _optimizer(dims: list[Any], first: list[int]) -> dict[str, Any]:
     foreach/fused optimizers (``_fused_adamw_``, ``_foreach_*``) take TensorLists (params, grads,
     states...); the first list is the parameters. Their time is not params alone: multi-tensor
     kernels work in per-tensor chunks and launch per group of tensors, so the tensor count matters.
-    ``hidden`` is the most common length of the 1-D tensors (LayerNorm weights and biases, row-parallel
-    biases: the model's hidden size; ties go to the longer), NULL without 1-D tensors.
+    ``hidden`` is the model width: the most common length of the 1-D tensors (LayerNorm weights and
+    biases, row-parallel biases; ties go to the longer) among the lengths that are also a dimension
+    of a weight matrix. NULL when there is no such length, e.g. a flat list of 1-D buffers, whose
+    lengths say nothing about a width.
     """
     shapes = [s for s in dims[0] if s] if _is_list_op(dims) else [first]
     params = sum(_prod(s) for s in shapes)
+    matrix_dims = {d for s in shapes if len(s) >= 2 for d in s}
     lengths: dict[int, int] = {}
     for s in shapes:
-        if len(s) == 1:
+        if len(s) == 1 and s[0] in matrix_dims:
             lengths[s[0]] = lengths.get(s[0], 0) + 1
     hidden = max(lengths, key=lambda n: (lengths[n], n)) if lengths else None
     return {"params": params, "elements": params, "batch": len(shapes), "hidden": hidden}
