@@ -41,6 +41,14 @@ def test_compute_from_a_shipped_grid_then_resume(db_path: Path) -> None:
     assert "6 already stored, 0 written" in again.output
 
 
+def test_compute_timing_profiler_is_recorded_on_each_sample(db_path: Path) -> None:
+    args = ["sample", "compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--repeats", "2",
+            "--warmup", "0", "--timing", "profiler", "--db", str(db_path)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert _count(db_path, 'params_json LIKE \'%"timing":"profiler"%\'') == _count(db_path) > 0
+
+
 def test_compute_dtype_override_and_sharding(db_path: Path) -> None:
     base = ["sample", "compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--repeats", "1",
             "--warmup", "0", "--dtype", "bfloat16", "--dtype", "float32", "--parts", "2",
@@ -61,6 +69,7 @@ def test_compute_dtype_override_and_sharding(db_path: Path) -> None:
         (["--config", "ci", "--parts", "2", "--part", "3"], "--part must be between 1 and --parts (2)"),
         (["--from-run", "missing"], "run 'missing' is not in the database"),
         (["--config", "ci", "--dtype", "int8"], "dtype 'int8' is not one of float32"),
+        (["--config", "ci", "--timing", "cuda_events"], "--timing cuda_events cannot time on cpu"),
     ],
 )
 def test_compute_bad_input_is_one_line_and_exit_2(db_path: Path, args: list[str], message: str) -> None:

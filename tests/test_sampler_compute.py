@@ -141,3 +141,23 @@ def test_inference_forward_samples_are_distinct_from_training_ones(db_path: Path
         flags = sorted(r[0] for r in con.execute("SELECT params_json FROM samples").fetchall())
     assert ['"autograd":false' in f for f in flags].count(True) == 1
     assert ['"autograd":true' in f for f in flags].count(True) == 1
+
+
+def test_the_timing_method_is_recorded_and_profiler_samples_are_distinct(db_path: Path) -> None:
+    point = _gemm_points()[:1]
+    with open_database(db_path) as con:
+        sample_compute(con, point, FAST)
+        profiled = ComputeSettings(cluster="ci-cpu", warmup=1, repeats=3, timing="profiler")
+        assert sample_compute(con, point, profiled).written == 1  # not "already stored"
+        assert sample_compute(con, point, profiled).already_stored == 1
+        rows = con.execute("SELECT params_json, median_ns, repeats FROM samples ORDER BY params_json").fetchall()
+    assert ['"timing":"perf_counter"' in r[0] for r in rows].count(True) == 1
+    assert ['"timing":"profiler"' in r[0] for r in rows].count(True) == 1
+    assert all(r[1] > 0 and r[2] == 3 for r in rows)
+
+
+def test_a_timing_method_the_device_cannot_use_fails_before_anything_is_written(db_path: Path) -> None:
+    with open_database(db_path) as con:
+        with pytest.raises(SampleError, match="--timing cuda_events cannot time on cpu"):
+            sample_compute(con, _gemm_points()[:1], ComputeSettings(cluster="c", timing="cuda_events"))
+        assert con.execute("SELECT count(*) FROM samples").fetchall() == [(0,)]

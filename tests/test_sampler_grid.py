@@ -229,3 +229,67 @@ def test_cuda_timing_orders_flush_events_and_sync(monkeypatch: pytest.MonkeyPatc
     durations = timing.time_call(lambda: log.append("call"), "cuda", warmup=1, repeats=2)
     assert log == ["call", "sync", "flush", "record", "call", "record", "flush", "record", "call", "record", "sync"]
     assert durations == [0.5e6, 0.5e6]
+
+
+def test_profiler_timing_reads_the_calls_own_event_not_the_wall_time_around_it() -> None:
+    """Work outside the op's event (here 3 ms of Python before it) is in ``perf_counter``'s duration
+    but not in the profiler's, exactly as a CPU trace leaves it out of the operator's duration."""
+    import time
+
+    import torch
+
+    from tracecal.samplers import timing
+
+    inner: list[float] = []  # the event's work per call, timed from inside
+
+    def call() -> None:
+        spin = time.perf_counter() + 0.003
+        while time.perf_counter() < spin:  # Python work outside any profiler event
+            pass
+        with torch.profiler.record_function("op::inner"):
+            start = time.perf_counter_ns()
+            time.sleep(0.002)
+            inner.append(time.perf_counter_ns() - start)
+
+    wall = timing.time_call(call, "cpu", warmup=0, repeats=3)
+    assert all(d >= 5.0e6 for d in wall)
+    inner.clear()
+    own = timing.time_call(call, "cpu", warmup=1, repeats=3, method="profiler")
+    assert len(own) == 3
+    for event, work in zip(own, inner[1:], strict=True):  # inner[0] is the warm-up call
+        assert work <= event < work + 0.5e6  # the 2 ms event (plus bookkeeping), not the 5 ms call
+
+
+def test_profiler_timing_of_a_backward_is_its_autograd_node_without_accumulate_grad() -> None:
+    from tracecal.samplers import timing
+
+    point = GridPoint("elementwise", "aten::gelu", "bwd", "float32", (("tokens", 64), ("hidden", 256)))
+    durations = timing.time_call(cases.build(point, "cpu").run, "cpu", warmup=1, repeats=2, method="profiler")
+    assert len(durations) == 2 and all(d > 0 for d in durations)
+
+    class Ev:
+        def __init__(self, name: str, children: list[Ev] | None = None) -> None:
+            self.name, self.cpu_children = name, children or []
+
+    node = Ev("GeluBackward0", [Ev("aten::gelu_backward")])
+    engine = "autograd::engine::evaluate_function: "
+    ranges = [Ev(engine + "GeluBackward0", [node]), Ev(engine + "torch::autograd::AccumulateGrad", [Ev("aten::add_")])]
+    assert timing.call_events(ranges) == [node]
+    linear = Ev("aten::linear", [Ev("aten::t"), Ev("aten::addmm")])
+    assert timing.call_events([linear]) == [linear]  # a forward: the op's top-level event
+
+
+@pytest.mark.parametrize(
+    ("method", "device", "message"),
+    [
+        ("profiler", "cuda", "--timing profiler cannot time on cuda; use cuda_events"),
+        ("cuda_events", "cpu", "--timing cuda_events cannot time on cpu; use perf_counter or profiler"),
+        ("wallclock", "cpu", "--timing wallclock cannot time on cpu"),
+    ],
+)
+def test_a_timing_method_the_device_cannot_use_is_one_clear_error(method: str, device: str, message: str) -> None:
+    from tracecal.samplers import timing
+
+    with pytest.raises(SampleError, match=message):
+        timing.time_call(lambda: None, device, warmup=0, repeats=1, method=method)
+    assert timing.default_timing("cuda:1") == "cuda_events" and timing.default_timing("cpu") == "perf_counter"

@@ -43,6 +43,14 @@ def compute(
     threads: Annotated[
         int | None, typer.Option("--threads", min=1, help="CPU: torch threads while sampling (default 1).")
     ] = None,
+    timing: Annotated[
+        str | None,
+        typer.Option(
+            "--timing",
+            help="CPU: perf_counter (default), or profiler (each repeat's own torch.profiler events, as a "
+            "CPU trace measures an operator; about twice the sampling time). CUDA uses CUDA events.",
+        ),
+    ] = None,
     inference: Annotated[
         bool, typer.Option("--inference", help="Forward calls without autograd (default: as in training).")
     ] = False,
@@ -89,6 +97,7 @@ def compute(
                 source_file=source,
                 threads=threads if threads is not None else defaults.threads,
                 autograd=autograd,
+                timing=timing,
             )
             if dry_run:
                 todo = pending(con, points, run)

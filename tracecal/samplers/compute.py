@@ -25,7 +25,15 @@ import pyarrow as pa
 from tracecal.errors import SampleError
 from tracecal.samplers import cases
 from tracecal.samplers.grid import GridPoint
-from tracecal.samplers.timing import L2_FLUSH_BYTES, SamplerEnv, sampler_env, summarize, time_call
+from tracecal.samplers.timing import (
+    L2_FLUSH_BYTES,
+    SamplerEnv,
+    check_timing,
+    default_timing,
+    sampler_env,
+    summarize,
+    time_call,
+)
 from tracecal.schema import SAMPLES, arrow_schema
 from tracecal.sql.samples import existing_sample_ids, sample_id, write_samples
 
@@ -51,6 +59,11 @@ class ComputeSettings:
     autograd: bool = True
     """Forward samples record the autograd graph, as training forward calls do; False times them
     under ``no_grad`` (inference), recorded in the sample id and ``params_json``."""
+    timing: str | None = None
+    """How repeats are timed (``timing.TIMING_METHODS``); None = ``default_timing(device)``. On CPU,
+    ``profiler`` times the call as a CPU trace measures an operator (its own profiler events). Not
+    the default: on the PP2 demo it changed the prediction error by less than the run-to-run noise
+    and doubled the sampling time (README, prediction section)."""
     flush_every_s: float = 10.0
     """Write finished samples at least this often, so an interruption loses at most this much work."""
 
@@ -73,14 +86,19 @@ class ComputeReport:
         return counts
 
 
-def point_sample_id(point: GridPoint, cluster: str, device_name: str, autograd: bool = True) -> str:
+def point_sample_id(
+    point: GridPoint, cluster: str, device_name: str, autograd: bool = True, timing: str | None = None
+) -> str:
     """The ``sample_id`` a point gets: cluster, source, op, direction, its shape columns, its grid
-    dimensions (some, like the optimizer's tensor count, are not shape columns) and the device."""
+    dimensions (some, like the optimizer's tensor count, are not shape columns), the device, and
+    the timing method when it is ``profiler`` (a different measurement of the same call)."""
     features = dict(cases.shape_columns(point))
     features.update({f"dim.{k}": v for k, v in cases.resolved_dims(point).items()})
     features["device_name"] = device_name
     if not autograd and point.direction == "fwd":
         features["inference"] = True  # only when set, so training-mode ids stay as they were
+    if timing == "profiler":
+        features["timing"] = timing  # likewise: perf_counter and CUDA-event ids are unchanged
     return sample_id(cluster, SOURCE, point.op, point.direction, features)
 
 
@@ -140,7 +158,8 @@ def pending(
         SampleError: a malformed point, ``bwd`` of an op without a backward, or an unavailable device.
     """
     env = env or sampler_env(settings.device)
-    ids = [point_sample_id(p, settings.cluster, env.device_name, settings.autograd) for p in points]
+    timing = check_timing(settings.timing or default_timing(settings.device), settings.device)
+    ids = [point_sample_id(p, settings.cluster, env.device_name, settings.autograd, timing) for p in points]
     for p in points:
         if p.direction == "bwd" and not cases.spec_for(p).has_backward:
             raise SampleError(f"{p.op} has no backward to sample; list it with directions: [fwd]")
@@ -190,9 +209,10 @@ def _measure(
     extra_params: Callable[[GridPoint], dict[str, Any]] | None,
 ) -> dict[str, Any] | str:
     """One sample row, or the reason torch could not run the point here."""
+    timing = settings.timing or default_timing(settings.device)
     try:
         built = cases.build(point, settings.device, settings.autograd)
-        durations = time_call(built.run, settings.device, settings.warmup, settings.repeats)
+        durations = time_call(built.run, settings.device, settings.warmup, settings.repeats, method=timing)
     except (RuntimeError, NotImplementedError) as exc:  # dtype/op unsupported here, or out of memory
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
     stats = summarize(durations)
@@ -204,6 +224,7 @@ def _measure(
         "concrete_inputs": concrete,
         "device": settings.device,
         "warmup": settings.warmup,
+        "timing": timing,
         "autograd": settings.autograd or point.direction == "bwd",
     }
     import torch

@@ -3,7 +3,15 @@
 Contract: ``time_call(fn, device, warmup, repeats)`` runs ``fn`` ``warmup`` times untimed, then
 ``repeats`` times timed, and returns the per-repeat durations in integer nanoseconds.
 
-- CPU: ``time.perf_counter_ns`` around each call (the call is synchronous).
+- CPU, ``method="perf_counter"`` (the default): ``time.perf_counter_ns`` around each call (the call
+  is synchronous).
+- CPU, ``method="profiler"``: warm-up and repeats run under ``torch.profiler`` (CPU activity,
+  ``record_shapes=True``, as the reference workload traces), each repeat inside a
+  ``REPEAT_MARK`` range; a repeat's duration is the sum of the profiler's own events for the call:
+  the marker's direct children for a forward call (``aten::linear``, ``Optimizer.step#Adam.step``),
+  the autograd node events (``MmBackward0``, not the engine's ``AccumulateGrad``) for a backward.
+  This is how a CPU trace measures an operator, so samples and traced operators agree on what the
+  profiler's bookkeeping adds inside an event and on the Python overhead outside it.
 - CUDA: one pair of CUDA events per repeat recorded on the current stream around the call, one
   ``torch.cuda.synchronize()`` after the last repeat, then ``Event.elapsed_time`` (ms, float) for each
   pair. The device is synchronised before the first timed repeat so warm-up work queued on the stream
@@ -11,6 +19,9 @@ Contract: ``time_call(fn, device, warmup, repeats)`` runs ``fn`` ``warmup`` time
   zeroed, so the call does not find its inputs in L2 from the previous repeat — in training the
   preceding kernels have evicted them (Triton's ``do_bench`` does the same). (Written for GPUs; only
   the CPU path runs on this project's CI machine.)
+
+``TIMING_METHODS`` names the methods as recorded in ``params_json.timing``; ``default_timing(device)``
+is CUDA events on a GPU and ``perf_counter`` on CPU.
 
 ``summarize(durations_ns)`` turns durations into the statistics stored in ``samples``: median, min,
 inter-quartile range (NULL for a single repeat) and n.
@@ -62,16 +73,51 @@ L2_FLUSH_BYTES = 256 << 20
 """Zeroed between CUDA repeats: larger than the L2 of current GPUs (A100 40 MB, H100 50 MB)."""
 
 
+TIMING_METHODS = ("perf_counter", "profiler", "cuda_events")
+"""How a sample's repeats are timed (``params_json.timing``)."""
+
+REPEAT_MARK = "tracecal::sample_repeat"
+"""The profiler range around one timed repeat (``method="profiler"``)."""
+
+
+def default_timing(device: str) -> str:
+    """CUDA events on a GPU, ``perf_counter`` on CPU."""
+    return "cuda_events" if device.startswith("cuda") else "perf_counter"
+
+
+def check_timing(method: str, device: str) -> str:
+    """``method`` if it can time on ``device``, else SampleError naming the methods that can."""
+    cuda = device.startswith("cuda")
+    allowed = ("cuda_events",) if cuda else ("perf_counter", "profiler")
+    if method not in allowed:
+        raise SampleError(f"--timing {method} cannot time on {device}; use {' or '.join(allowed)}")
+    return method
+
+
 def time_call(
-    fn: Callable[[], Any], device: str, warmup: int, repeats: int, flush_bytes: int = L2_FLUSH_BYTES
+    fn: Callable[[], Any],
+    device: str,
+    warmup: int,
+    repeats: int,
+    flush_bytes: int = L2_FLUSH_BYTES,
+    method: str | None = None,
 ) -> list[float]:
-    """Per-repeat durations of ``fn()`` in ns on ``device`` ("cpu" or "cuda[:i]"); ``flush_bytes``
-    (CUDA only, 0 = off) is the cache-flush buffer zeroed before each repeat."""
+    """Per-repeat durations of ``fn()`` in ns on ``device`` ("cpu" or "cuda[:i]") timed by ``method``
+    (``default_timing(device)`` when None); ``flush_bytes`` (CUDA only, 0 = off) is the cache-flush
+    buffer zeroed before each repeat.
+
+    Raises:
+        SampleError: bad repeats/warm-up, a method that cannot time on ``device``, or (profiler) a
+            repeat in which the profiler recorded no event of the call.
+    """
     if repeats < 1 or warmup < 0:
         raise SampleError(f"need --repeats ≥ 1 and --warmup ≥ 0 (got {repeats}, {warmup})")
+    method = check_timing(method or default_timing(device), device)
+    if method == "profiler":
+        return _time_profiler(fn, warmup, repeats)
     for _ in range(warmup):
         fn()
-    if device.startswith("cuda"):
+    if method == "cuda_events":
         return _time_cuda(fn, repeats, flush_bytes)
     out: list[float] = []
     for _ in range(repeats):
@@ -98,6 +144,42 @@ def _time_cuda(fn: Callable[[], Any], repeats: int, flush_bytes: int) -> list[fl
         pairs.append((start, end))
     torch.cuda.synchronize()
     return [s.elapsed_time(e) * 1e6 for s, e in pairs]  # ms -> ns
+
+
+def _time_profiler(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    # Warm-up runs under the profiler too: its first recorded calls pay one-off set-up.
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(warmup):
+            fn()
+        for _ in range(repeats):
+            with record_function(REPEAT_MARK):
+                fn()
+    marks = sorted((e for e in prof.events() if e.name == REPEAT_MARK), key=lambda e: e.time_range.start)
+    if len(marks) != repeats:
+        raise SampleError(f"the profiler recorded {len(marks)} of {repeats} repeats; use --timing perf_counter")
+    out = []
+    for mark in marks:
+        own = call_events(mark.cpu_children)
+        if not own:
+            raise SampleError("the profiler recorded no event of the timed call; use --timing perf_counter")
+        out.append(sum(e.time_range.elapsed_us() for e in own) * 1e3)  # µs (float) -> ns
+    return out
+
+
+_ENGINE = "autograd::engine::evaluate_function: "
+
+
+def call_events(children: Sequence[Any]) -> list[Any]:
+    """The events that are the timed call itself among a repeat marker's direct children: for a
+    backward (the autograd engine's ``evaluate_function`` ranges) the backward nodes inside them,
+    leaving out ``AccumulateGrad`` (the engine storing ``.grad``, not the op's backward); for a
+    forward the children themselves (the op's top-level event)."""
+    engine = [c for c in children if c.name.startswith(_ENGINE)]
+    if not engine:
+        return list(children)
+    return [n for c in engine if "AccumulateGrad" not in c.name for n in c.cpu_children]
 
 
 @dataclass(frozen=True)
