@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pyarrow as pa
+import pytest
 
+from tracecal.errors import SchemaError
 from tracecal.schema import TABLES, TABLES_DIR, arrow_schema, ddl
 from tracecal.sql.connection import open_database
 
@@ -54,12 +56,12 @@ def test_read_only_sessions_see_current_views_over_stale_stored_ones(db_path: Pa
     assert "run_id" in columns
 
 
-def test_a_database_with_other_columns_is_refused_with_advice(db_path: Path) -> None:
-    import pytest
-
-    from tracecal.errors import SchemaError
-
+@pytest.mark.parametrize(
+    "change",
+    ["ALTER TABLE models ADD COLUMN from_an_old_build INTEGER", "ALTER TABLE models DROP COLUMN published_mape"],
+)
+def test_a_database_with_other_columns_is_refused_with_advice(db_path: Path, change: str) -> None:
     with open_database(db_path) as con:
-        con.execute("ALTER TABLE models ADD COLUMN from_an_old_build INTEGER")
+        con.execute(change)
     with pytest.raises(SchemaError, match=r"table models .* new database"), open_database(db_path):
         pass

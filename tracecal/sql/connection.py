@@ -59,9 +59,9 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
             f"database schema version {row[0]} differs from this tracecal's {SCHEMA_VERSION}; "
             "re-ingest into a new database (--db NEW.duckdb)"
         )
+    _check_columns(con)  # before the DDL: its COMMENT ON statements would fail on a foreign table first
     for path in table_ddl_files():
         con.execute(path.read_text())
-    _check_columns(con)
     create_views(con)
 
 
@@ -74,7 +74,7 @@ def _check_columns(con: duckdb.DuckDBPyConnection) -> None:
     ).fetchall():
         stored.setdefault(table_name, []).append(column_name)
     for table in TABLES:
-        if stored.get(table.name) != table.column_names:
+        if table.name in stored and stored[table.name] != table.column_names:
             raise SchemaError(
                 f"table {table.name} in this database has other columns than this tracecal expects "
                 "(written by another version); use a new database (--db NEW.duckdb) and re-ingest"
@@ -117,9 +117,7 @@ def open_database(path: Path, *, read_only: bool = False) -> Iterator[duckdb.Duc
         SchemaError: the database was written by an incompatible schema version.
     """
     if read_only and not path.exists():
-        raise InputNotFoundError(
-            f"no database at {path}; ingest a run first (trace-ingest RUN_DIR) or pass --db PATH"
-        )
+        raise InputNotFoundError(f"no database at {path}; ingest a run first (trace-ingest RUN_DIR) or pass --db PATH")
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
     try:
