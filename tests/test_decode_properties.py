@@ -166,3 +166,39 @@ def test_breakdowns_sum_to_span(con: duckdb.DuckDBPyConnection, acts: list) -> N
     ).fetchall()
     for rank, span, total, smallest in temporal:
         assert span == total == expected[rank] and smallest >= 0
+
+
+def test_tied_intervals_after_a_gap_do_not_reopen_the_previous_island(con: duckdb.DuckDBPyConnection) -> None:
+    # many identical intervals after a gap: every window over them must order the ties the same way
+    con.execute("DELETE FROM operators; DELETE FROM iterations")
+    intervals = [(0, 10)] + [(20, 10)] * 40
+    rows = []
+    for i, (ts, dur) in enumerate(intervals):
+        row = dict.fromkeys(OPERATORS.column_names)
+        row.update(
+            run_id="r",
+            rank=0,
+            event_id=i,
+            kind="kernel",
+            name=f"k{i}",
+            ts_ns=ts,
+            dur_ns=dur,
+            family="gemm",
+            component="compute_fwd",
+            iteration=1,
+            phase="fwd",
+        )
+        rows.append(row)
+    con.executemany(
+        f"INSERT INTO operators ({', '.join(OPERATORS.column_names)}) VALUES "
+        f"({', '.join('?' for _ in OPERATORS.column_names)})",
+        [[r[c] for c in OPERATORS.column_names] for r in rows],
+    )
+    con.execute(
+        "INSERT INTO iterations (run_id, rank, iteration, marker, cpu_start_ns, cpu_end_ns, gpu_start_ns, gpu_end_ns,"
+        " aligned_start_ns, aligned_end_ns, dur_ns) VALUES ('r', 0, 1, 'ProfilerStep#1', 0, 30, 0, 30, 0, 30, 30)"
+    )
+    parts = dict(con.execute("SELECT component, time_ns FROM component_breakdown WHERE rank = 0").fetchall())
+    assert parts == {"compute_fwd": 20, "idle": 10}
+    temporal = con.execute("SELECT * FROM temporal_breakdown WHERE rank = 0").fetchall()
+    assert temporal, "temporal_breakdown has a row for the rank"

@@ -7,7 +7,7 @@
 CREATE OR REPLACE VIEW temporal_breakdown AS
 WITH gpu AS (
     SELECT
-        run_id, rank, ts_ns AS s, ts_ns + dur_ns AS e,
+        run_id, rank, event_id, ts_ns AS s, ts_ns + dur_ns AS e,
         CASE WHEN family = 'comm' THEN 2 WHEN kind IN ('memcpy', 'memset') THEN 3 ELSE 1 END AS cls
     FROM operators
     WHERE kind IN ('kernel', 'memcpy', 'memset') AND dur_ns IS NOT NULL
@@ -18,13 +18,13 @@ levels AS (
 ),
 ordered AS (
     SELECT *, max(e) OVER (
-        PARTITION BY run_id, rank, level ORDER BY s, e ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
+        PARTITION BY run_id, rank, level ORDER BY s, e, event_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
     ) AS prev_end
     FROM levels
 ),
 islands AS (
     SELECT *, sum(CASE WHEN prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END) OVER (
-        PARTITION BY run_id, rank, level ORDER BY s, e ROWS UNBOUNDED PRECEDING
+        PARTITION BY run_id, rank, level ORDER BY s, e, event_id ROWS UNBOUNDED PRECEDING
     ) AS island
     FROM ordered
 ),
