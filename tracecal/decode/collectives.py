@@ -188,8 +188,7 @@ _CONTEXT = (
     ("a_", "user_annotation", _ANNOTATION),
     ("c_", "cpu_op", r"^c10d::"),
 )
-_ATTRS = [
-    "name",
+_COLLECTIVE_ARGS = [
     "coll_name",
     "in_msg_nelems",
     "out_msg_nelems",
@@ -203,6 +202,8 @@ _ATTRS = [
     "src_rank",
     "dst_rank",
 ]
+"""Event columns that describe a collective; an instance reads them from itself and from its context."""
+_ATTRS = ["name", *_COLLECTIVE_ARGS]
 
 
 def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | None) -> pl.DataFrame:
@@ -449,21 +450,7 @@ def rank_collectives(
         return _empty_collectives()
     if inst.filter(~on_gpu).height:
         inst = pl.concat([inst.filter(on_gpu), _link_cpu_work(events, inst.filter(~on_gpu))], how="vertical_relaxed")
-    own_cols = [
-        "coll_name",
-        "in_msg_nelems",
-        "out_msg_nelems",
-        "group_size",
-        "coll_dtype",
-        "pg_name",
-        "pg_ranks",
-        "coll_seq",
-        "input_dims",
-        "input_types",
-        "src_rank",
-        "dst_rank",
-    ]
-    own = events.select("uid", *[pl.col(c).alias("k_" + c) for c in own_cols])
+    own = events.select("uid", *[pl.col(c).alias("k_" + c) for c in _COLLECTIVE_ARGS])
     inst = inst.join(own, on="uid", how="left")
     inst = inst.join(_context_attrs(events, inst, names), on="uid", how="left")
     # a gloo range is its own annotation: the one enclosing its call is another instance (an async
