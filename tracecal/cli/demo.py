@@ -56,6 +56,13 @@ def demo(
     dp: Annotated[int, typer.Option(help="Data-parallel replicas.")] = 1,
     steps: Annotated[int, typer.Option(help="Training steps (the profiler records the last steps-2).")] = 6,
     repeats: Annotated[int, typer.Option(help="Timed repeats per sampled shape.")] = 6,
+    processes: Annotated[
+        int | None,
+        typer.Option(
+            help="Concurrent sampler processes (default: the workload's ranks, which share this machine's cores).",
+            min=1,
+        ),
+    ] = None,
 ) -> None:
     """Run the whole loop on this machine: train the reference GPT (PP2 by default) with local gloo
     ranks under torch.profiler, ingest the traces, sample the traced shapes on this CPU, calibrate a
@@ -71,7 +78,7 @@ def demo(
         stdout.print(f"tracecal demo in {work}")
         run_id = _train(run_dir, pp, tp, dp, steps, timings)
         _ingest(db, run_dir, run_id, timings)
-        _sample(db, run_id, repeats, timings)
+        _sample(db, run_id, repeats, processes or pp * tp * dp, timings)
         model = _calibrate(db, timings)
         _predict(db, run_id, model, figures, timings)
         wall = {k: v for k, v in timings.items() if not k.endswith("_cpu")}
@@ -138,16 +145,21 @@ def neighbourhood(points: list[Any]) -> list[Any]:
     return list(out)
 
 
-def _sample(db: Path, run_id: str, repeats: int, timings: dict[str, float]) -> None:
+def _sample(db: Path, run_id: str, repeats: int, processes: int, timings: dict[str, float]) -> None:
     from tracecal.samplers.compute import ComputeSettings, sample_compute
     from tracecal.samplers.from_run import run_points
     from tracecal.sql.connection import open_database
 
-    with _stage(3, "sample", "time the traced operator shapes and their neighbours on this CPU", timings):
+    what = f"time the traced operator shapes and their neighbours on this CPU, {processes} processes at once"
+    with _stage(3, "sample", what, timings):
         with open_database(db) as con:
             plan = run_points(con, run_id, None)
             points = neighbourhood(plan.points)
-            settings = ComputeSettings(cluster=CLUSTER, warmup=2, repeats=repeats, source_file=f"run:{run_id}")
+            # as many concurrent samplers as the workload had ranks on this node: each traced operator
+            # ran while the other ranks competed for the cores, caches and memory bandwidth
+            settings = ComputeSettings(
+                cluster=CLUSTER, warmup=2, repeats=repeats, source_file=f"run:{run_id}", processes=processes
+            )
             with progress_bar() as bar:
                 task = bar.add_task("sampling", total=None)
 

@@ -24,6 +24,8 @@ import pyarrow as pa
 
 from tracecal.errors import SampleError
 from tracecal.samplers import cases
+from tracecal.samplers.allocator import retain_freed_memory
+from tracecal.samplers.concurrent import measure_concurrently
 from tracecal.samplers.grid import GridPoint
 from tracecal.samplers.timing import (
     L2_FLUSH_BYTES,
@@ -64,6 +66,10 @@ class ComputeSettings:
     ``profiler`` times the call as a CPU trace measures an operator (its own profiler events). Not
     the default: on the PP2 demo it changed the prediction error by less than the run-to-run noise
     and doubled the sampling time (README, prediction section)."""
+    processes: int = 1
+    """Worker processes timing points at the same time (CPU; ``samplers.concurrent``): set it to the
+    number of ranks the modelled workload runs on one node, so samples carry the contention for
+    cores, caches and memory bandwidth that each rank's operators met in the trace."""
     flush_every_s: float = 10.0
     """Write finished samples at least this often, so an interruption loses at most this much work."""
 
@@ -87,11 +93,17 @@ class ComputeReport:
 
 
 def point_sample_id(
-    point: GridPoint, cluster: str, device_name: str, autograd: bool = True, timing: str | None = None
+    point: GridPoint,
+    cluster: str,
+    device_name: str,
+    autograd: bool = True,
+    timing: str | None = None,
+    processes: int = 1,
 ) -> str:
     """The ``sample_id`` a point gets: cluster, source, op, direction, its shape columns, its grid
-    dimensions (some, like the optimizer's tensor count, are not shape columns), the device, and
-    the timing method when it is ``profiler`` (a different measurement of the same call)."""
+    dimensions (some, like the optimizer's tensor count, are not shape columns), the device, the
+    timing method when it is ``profiler`` and the concurrent processes when more than one (different
+    measurements of the same call)."""
     features = dict(cases.shape_columns(point))
     features.update({f"dim.{k}": v for k, v in cases.resolved_dims(point).items()})
     features["device_name"] = device_name
@@ -99,6 +111,8 @@ def point_sample_id(
         features["inference"] = True  # only when set, so training-mode ids stay as they were
     if timing == "profiler":
         features["timing"] = timing  # likewise: perf_counter and CUDA-event ids are unchanged
+    if processes > 1:
+        features["processes"] = processes  # likewise: one-process ids are unchanged
     return sample_id(cluster, SOURCE, point.op, point.direction, features)
 
 
@@ -125,23 +139,43 @@ def sample_compute(
     rows: list[dict[str, Any]] = []
     last_flush = time.perf_counter()
     try:
-        with _device_scope(settings):
-            for done, (point, sid) in enumerate(todo, start=1):
-                row = _measure(point, sid, settings, env, extra_params)
-                if isinstance(row, str):
-                    report.skipped.append((point, row))
-                else:
-                    rows.append(row)
-                if rows and time.perf_counter() - last_flush >= settings.flush_every_s:
-                    report.written += _flush(con, rows)
-                    rows = []
-                    last_flush = time.perf_counter()
-                if progress is not None:
-                    progress(done, len(todo), f"{point.family} {point.op} {point.direction}")
+        for done, (point, row) in enumerate(_outcomes(todo, settings, env, extra_params), start=1):
+            if isinstance(row, str):
+                report.skipped.append((point, row))
+            else:
+                rows.append(row)
+            if rows and time.perf_counter() - last_flush >= settings.flush_every_s:
+                report.written += _flush(con, rows)
+                rows = []
+                last_flush = time.perf_counter()
+            if progress is not None:
+                progress(done, len(todo), f"{point.family} {point.op} {point.direction}")
     finally:  # keep what was measured, also on Ctrl-C: the next run resumes after it
         report.written += _flush(con, rows)
     report.seconds = time.perf_counter() - started
     return report
+
+
+def _outcomes(
+    todo: list[tuple[GridPoint, str]],
+    settings: ComputeSettings,
+    env: SamplerEnv,
+    extra_params: Callable[[GridPoint], dict[str, Any]] | None,
+) -> Iterator[tuple[GridPoint, dict[str, Any] | str]]:
+    """(point, row or skip reason) for every point of ``todo``, in this process or, with
+    ``settings.processes`` > 1 on CPU, in that many concurrent worker processes."""
+
+    def measure(point: GridPoint, sid: str) -> dict[str, Any] | str:
+        return _measure(point, sid, settings, env, extra_params)
+
+    if settings.processes > 1:
+        if settings.device != "cpu":
+            raise SampleError("--processes applies to CPU sampling; on GPUs run one sampler per device (--part)")
+        yield from measure_concurrently(todo, measure, settings.processes, lambda: _device_scope(settings))
+        return
+    with _device_scope(settings):
+        for point, sid in todo:
+            yield point, measure(point, sid)
 
 
 def pending(
@@ -159,7 +193,12 @@ def pending(
     """
     env = env or sampler_env(settings.device)
     timing = check_timing(settings.timing or default_timing(settings.device), settings.device)
-    ids = [point_sample_id(p, settings.cluster, env.device_name, settings.autograd, timing) for p in points]
+    if settings.processes < 1:
+        raise SampleError(f"--processes must be ≥ 1, not {settings.processes}")
+    ids = [
+        point_sample_id(p, settings.cluster, env.device_name, settings.autograd, timing, settings.processes)
+        for p in points
+    ]
     for p in points:
         if p.direction == "bwd" and not cases.spec_for(p).has_backward:
             raise SampleError(f"{p.op} has no backward to sample; list it with directions: [fwd]")
@@ -173,14 +212,17 @@ def pending(
 
 @contextmanager
 def _device_scope(settings: ComputeSettings) -> Iterator[None]:
-    """For the run: on CPU, torch's intra-op thread count (restored afterwards); on CUDA, the sampled
-    device as the current one, so CUDA events and ``synchronize`` act on the device the ops run on."""
+    """For the run: on CPU, torch's intra-op thread count (restored afterwards) and freed host memory
+    kept in the process (``allocator.retain_freed_memory``, as the reference workload's ranks do: a
+    sample then never pays page faults its traced call did not); on CUDA, the sampled device as the
+    current one, so CUDA events and ``synchronize`` act on the device the ops run on."""
     import torch
 
     if settings.device.startswith("cuda"):
         with torch.cuda.device(torch.device(settings.device)):
             yield
         return
+    retain_freed_memory()  # process-wide and harmless to repeat; not undone (freed blocks stay ours)
     if settings.threads is None:
         yield
         return
@@ -226,11 +268,13 @@ def _measure(
         "warmup": settings.warmup,
         "timing": timing,
         "autograd": settings.autograd or point.direction == "bwd",
+        "processes": settings.processes,
     }
     import torch
 
     if settings.device == "cpu":
         params["threads"] = torch.get_num_threads()
+        params["host_allocator"] = retain_freed_memory()  # the settings _device_scope applied
     else:  # fp32 GEMMs differ several-fold with TF32: say which was timed
         params["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
         params["l2_flush_bytes"] = L2_FLUSH_BYTES
