@@ -22,8 +22,10 @@ import polars as pl
 
 from tracecal.errors import CalibrationError
 
-MODEL_KINDS = ("physical", "random_forest", "xgboost", "blend")
-"""``blend`` is the geometric mean of the random forest and the XGBoost residual models."""
+MODEL_KINDS = ("physical", "random_forest", "xgboost", "blend", "local", "local_forest")
+"""``blend`` is the geometric mean of the random forest and the XGBoost residual models; ``local`` a
+local-linear smoother of the residual along one key column (``local.LocalLinear``, for one-dimensional
+sweeps such as a collective's sizes); ``local_forest`` the geometric mean of ``local`` and the forest."""
 
 
 def import_xgboost() -> Any:
@@ -95,19 +97,22 @@ class DurationRegressor:
     """Predict an operator's duration (ns) from its features.
 
     Args:
-        kind: ``physical`` (the baseline alone), ``random_forest``, ``xgboost`` or ``blend``.
+        kind: ``physical`` (the baseline alone), ``random_forest``, ``xgboost``, ``blend``, ``local``
+            or ``local_forest`` (see ``MODEL_KINDS``).
         features: feature columns the trees use (``features.usable_features`` of the training frame).
         physical_columns: columns of the baseline (see ``PhysicalBaseline``).
         n_estimators, max_depth, min_samples_leaf, max_features: random-forest hyper-parameters.
         xgb_estimators, xgb_depth, learning_rate, subsample, colsample_bytree, min_child_weight:
             XGBoost hyper-parameters.
+        local_column: the key of the ``local`` smoother (a feature column, e.g. ``log_bus_bytes``).
+        local_k: its neighbourhood size; None lets leave-one-out choose it at fit time.
         scale: multiplicative factor applied to the prediction (chosen by cross-validation).
         random_state: seed of both ensembles (fixed for reproducibility).
         n_jobs: threads for fitting and prediction (does not change results).
 
     Learned: ``baseline_`` (a fitted PhysicalBaseline), ``forest_`` (sklearn RandomForestRegressor,
-    for random_forest/blend), ``booster_`` (xgboost.XGBRegressor, for xgboost/blend),
-    ``n_features_in_``.
+    for random_forest/blend/local_forest), ``booster_`` (xgboost.XGBRegressor, for xgboost/blend),
+    ``local_`` (``local.LocalLinear``, for local/local_forest), ``n_features_in_``.
     """
 
     def __init__(
@@ -125,6 +130,8 @@ class DurationRegressor:
         subsample: float = 0.8,
         colsample_bytree: float = 0.8,
         min_child_weight: float = 1.0,
+        local_column: str = "log_bus_bytes",
+        local_k: int | None = None,
         scale: float = 1.0,
         random_state: int = 42,
         n_jobs: int = 2,
@@ -142,6 +149,8 @@ class DurationRegressor:
         self.subsample = subsample
         self.colsample_bytree = colsample_bytree
         self.min_child_weight = min_child_weight
+        self.local_column = local_column
+        self.local_k = local_k
         self.scale = scale
         self.random_state = random_state
         self.n_jobs = n_jobs
@@ -149,7 +158,7 @@ class DurationRegressor:
     _PARAMS = (
         "kind", "features", "physical_columns", "n_estimators", "max_depth", "min_samples_leaf",
         "max_features", "xgb_estimators", "xgb_depth", "learning_rate", "subsample", "colsample_bytree",
-        "min_child_weight", "scale", "random_state", "n_jobs",
+        "min_child_weight", "local_column", "local_k", "scale", "random_state", "n_jobs",
     )  # fmt: skip
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
@@ -168,7 +177,17 @@ class DurationRegressor:
         return self
 
     def _uses_forest(self) -> bool:
-        return self.kind in ("random_forest", "blend")
+        return self.kind in ("random_forest", "blend", "local_forest")
+
+    def _uses_local(self) -> bool:
+        return self.kind in ("local", "local_forest")
+
+    def fit_local(self, features: pl.DataFrame, residual: np.ndarray) -> None:
+        """Fit ``local_`` on the residual along ``local_column`` (also used by the store's refit)."""
+        from tracecal.calibrate.local import LocalLinear
+
+        key = _matrix(features, [self.local_column])[:, 0]
+        self.local_ = LocalLinear(k=self.local_k).fit(key, residual)
 
     def _uses_booster(self) -> bool:
         return self.kind in ("xgboost", "blend")
@@ -185,6 +204,8 @@ class DurationRegressor:
             raise CalibrationError("DurationRegressor needs feature columns for its trees (features=...)")
         x = _matrix(features, self.features)
         residual = np.log(y / self.baseline_.predict(features))
+        if self._uses_local():
+            self.fit_local(features, residual)
         if self._uses_forest():
             from sklearn.ensemble import RandomForestRegressor
 
@@ -221,6 +242,11 @@ class DurationRegressor:
             return np.zeros(features.height)
         x = _matrix(features, self.features)
         parts = []
+        if self._uses_local():
+            _check_fitted(self, "local_")
+            # a row without the key gets the baseline alone (no correction), as a tree falls back to
+            # its default branch
+            parts.append(np.nan_to_num(self.local_.predict(_matrix(features, [self.local_column])[:, 0]), nan=0.0))
         if self._uses_forest():
             _check_fitted(self, "forest_")
             parts.append(self.forest_.predict(x))

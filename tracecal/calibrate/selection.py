@@ -32,9 +32,11 @@ COMM_CANDIDATES: tuple[dict[str, Any], ...] = (
     {"kind": "random_forest", "min_samples_leaf": 1, "max_features": 1.0, "n_estimators": 150},
     {"kind": "random_forest", "min_samples_leaf": 3, "max_features": 1.0, "n_estimators": 150},
     {"kind": "xgboost", "xgb_depth": 4, "learning_rate": 0.08, "xgb_estimators": 200},
+    {"kind": "local", "local_column": "log_bus_bytes"},
 )
 """Collective sweeps are one-dimensional (size) and noisy: more trees average the noise away at little
-cost, since the feature count is small."""
+cost, since the feature count is small; the local-linear smoother along log size (``local``) follows
+the noise neighbouring sizes share (the blend of it and the best forest is added implicitly)."""
 
 CV_ROWS = 1500
 """Model choice sees at most this many (seeded, random) training rows: the ranking of candidates is
@@ -79,6 +81,8 @@ def _label(params: dict[str, Any]) -> str:
         return f"random_forest(leaf={params.get('min_samples_leaf')})"
     if kind == "xgboost":
         return f"xgboost(depth={params.get('xgb_depth')})"
+    if kind == "local" and params.get("local_k") is not None:
+        return f"local(k={params['local_k']})"
     return kind
 
 
@@ -145,6 +149,15 @@ def select_model(
                 if k.startswith(("xgb_", "learning", "subsample", "colsample", "min_child"))
             },
             "kind": "blend",
+        }
+
+    if forests and "local" in oof:
+        best_forest = min(forests, key=lambda k: _mape(oof[k], y))
+        oof["local_forest"] = np.sqrt(oof["local"] * oof[best_forest])
+        params_by_label["local_forest"] = {
+            **params_by_label[best_forest],
+            **{k: v for k, v in params_by_label["local"].items() if k.startswith("local_")},
+            "kind": "local_forest",
         }
 
     scores: dict[str, float] = {}

@@ -8,10 +8,11 @@ One directory per model under ``config.model_store_dir(db) / <cluster> / <model_
 - ``booster.ubj`` — the XGBoost model in XGBoost's own format (xgboost/blend kinds);
 - ``training.parquet`` — the training samples' shape columns and durations.
 
-No pickle: scikit-learn forests are refitted on load from the stored hyper-parameters and training
-data (seeded, so the refit is the same model), lazily — only when a row is routed to them. Loading
-checks the artifact schema and library versions and that the rebuilt model reproduces the check
-predictions; anything else raises ``CalibrationError`` telling the user to recalibrate.
+No pickle: scikit-learn forests and local smoothers are refitted on load from the stored
+hyper-parameters and training data (seeded or deterministic, so the refit is the same model),
+lazily — only when a row is routed to them. Loading checks the artifact schema and library
+versions and that the rebuilt model reproduces the check predictions; anything else raises
+``CalibrationError`` telling the user to recalibrate.
 """
 
 from __future__ import annotations
@@ -236,13 +237,17 @@ class StoredModel:
         model.baseline_ = baseline
         model.n_features_in_ = len(model.features)
         family = meta["family"]
-        if model.kind in ("random_forest", "blend"):
-            from sklearn.ensemble import RandomForestRegressor
-
+        if model.kind in ("random_forest", "blend", "local", "local_forest"):
             training = self.training
             features = feature_frame(training, family)
             y = training.get_column("median_ns").to_numpy().astype(np.float64)
             residual = np.log(y / baseline.predict(features))
+        if model.kind in ("local", "local_forest"):
+            # deterministic (no seed): the same rows give the same smoother and neighbourhood
+            model.fit_local(features, residual)
+        if model.kind in ("random_forest", "blend", "local_forest"):
+            from sklearn.ensemble import RandomForestRegressor
+
             model.forest_ = RandomForestRegressor(
                 n_estimators=model.n_estimators,
                 max_depth=model.max_depth,
@@ -293,7 +298,8 @@ def read_artifact(directory: Path) -> StoredModel:
         )
     saved = meta.get("versions", {})
     current = library_versions()
-    if meta["model_kind"] in ("random_forest", "blend") and _version_tuple(saved.get("scikit-learn", "")) != (
+    forest_kinds = ("random_forest", "blend", "local_forest")
+    if meta["model_kind"] in forest_kinds and _version_tuple(saved.get("scikit-learn", "")) != (
         _version_tuple(current["scikit-learn"])
     ):
         raise CalibrationError(

@@ -1,0 +1,85 @@
+"""The local-linear smoother (``tracecal.calibrate.local``) and the ``local`` regressor kinds.
+
+Synthetic sweeps whose right answer is known: a straight line (recovered exactly), noise that
+neighbouring sizes share (leave-one-out must pick a small neighbourhood) or not (a wide one), and a
+published Perlmutter sweep where the smoother must reach the published hold-out error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+from test_calibrate import NCCL, imported
+
+from tracecal.calibrate.estimators import DurationRegressor
+from tracecal.calibrate.features import feature_frame, usable_features
+from tracecal.calibrate.local import K_GRID, LocalLinear
+from tracecal.calibrate.validation import holdout_split
+from tracecal.errors import CalibrationError
+
+
+def test_a_line_is_recovered_exactly_inside_and_held_at_the_ends() -> None:
+    key = np.linspace(0.0, 10.0, 50)
+    model = LocalLinear().fit(key, 3.0 + 0.5 * key)
+    assert model.k_ in K_GRID
+    assert np.allclose(model.predict(np.array([0.3, 5.05, 9.9])), 3.0 + 0.5 * np.array([0.3, 5.05, 9.9]))
+    # outside the sampled keys the end value is held, never extrapolated; no key, no value
+    assert model.predict(np.array([-100.0, 100.0])) == pytest.approx([3.0, 8.0])
+    assert np.isnan(model.predict(np.array([np.nan]))[0])
+
+
+def test_leave_one_out_follows_the_noise_structure() -> None:
+    rng = np.random.default_rng(0)
+    key = np.arange(600, dtype=float)
+    white = LocalLinear().fit(key, rng.normal(0.0, 0.05, 600))
+    # a random walk: neighbours share the noise, so the nearest two are the best predictor
+    walk = LocalLinear().fit(key, np.cumsum(rng.normal(0.0, 0.05, 600)))
+    assert white.k_ >= 20 and walk.k_ <= 3
+    assert white.loo_mape_[white.k_] == min(white.loo_mape_.values())
+
+
+def test_fixed_k_repeated_keys_and_too_few_rows() -> None:
+    key = np.array([1.0, 1.0, 2.0, 2.0, 3.0, 3.0])
+    model = LocalLinear(k=2).fit(key, np.array([0.0, 0.2, 1.0, 1.2, 2.0, 2.2]))
+    assert model.k_ == 2 and list(model.loo_mape_) == [2]
+    # the two rows at key 2 (equal keys have no slope: their mean)
+    assert model.predict(np.array([2.0]))[0] == pytest.approx(1.1)
+    with pytest.raises(CalibrationError, match="at least 3 rows"):
+        LocalLinear().fit(np.array([1.0, np.nan, 2.0]), np.array([0.0, 1.0, 1.0]))
+    with pytest.raises(CalibrationError, match="not fitted"):
+        LocalLinear().predict(key)
+
+
+def test_local_kinds_follow_the_regressor_contract(tmp_path: Path) -> None:
+    rows = imported(tmp_path, NCCL, ["NVIDIAA100-SXM4-80GB_allreduce_large_fp16_8_1.csv"])
+    y = rows["median_ns"].cast(pl.Float64).to_numpy()
+    f = feature_frame(rows, "comm")
+    for kind in ("local", "local_forest"):
+        model = DurationRegressor(kind=kind, features=usable_features(f), physical_columns=("ring_steps", "bus_bytes"))
+        assert model.fit(f, y) is model and hasattr(model, "local_")
+        assert hasattr(model, "forest_") == (kind == "local_forest")
+        prediction = model.predict(f)
+        assert np.mean(np.abs(prediction - y) / y) < 0.01
+        clone = DurationRegressor(**model.get_params()).fit(f, y)
+        # same data, same model (threaded forests sum their trees in any order: rounding only)
+        assert np.allclose(clone.predict(f), prediction, rtol=1e-12)
+        # a traced collective without a size gets the baseline alone, not NaN
+        assert np.isfinite(model.predict(f.with_columns(pl.lit(None, pl.Float64).alias("log_bus_bytes")))).all()
+
+
+def test_local_smoother_reaches_the_published_holdout_error(tmp_path: Path) -> None:
+    """allreduce 2 nodes × 2 GPUs: the published tuned forest's hold-out MAPE is 0.66 %."""
+    rows = imported(tmp_path, NCCL, ["NVIDIAA100-SXM4-80GB_allreduce_fp16_2_2.csv"])
+    usable = rows["quality_flag"].is_null().to_numpy()
+    split = holdout_split(rows, usable, "perlmutter")
+    assert split.protocol == "published"
+    data = rows.filter(pl.Series(usable))
+    y = data["median_ns"].cast(pl.Float64).to_numpy()
+    f = feature_frame(data, "comm")
+    model = DurationRegressor(kind="local", features=["log_bus_bytes"], physical_columns=("ring_steps", "bus_bytes"))
+    model.fit(f[split.train], y[split.train])
+    mape = float(np.mean(np.abs(model.predict(f[split.test]) - y[split.test]) / y[split.test]) * 100)
+    assert mape < 0.70
