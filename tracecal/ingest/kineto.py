@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ import pyarrow.compute as pc
 
 from tracecal.errors import TraceFormatError
 from tracecal.ingest.files import read_trace_bytes
-from tracecal.ingest.kineto_events import Event, decode_events, events_to_batch
+from tracecal.ingest.kineto_events import decode_events, events_to_batch
 from tracecal.ingest.trace import ParsedRank
 
 DIRECT_DECODE_BYTES = 256 * 2**20
@@ -55,6 +56,8 @@ class _DeviceProperties(msgspec.Struct):
     name: str | None = None
 
 
+_CAT = attrgetter("cat")
+_TS = attrgetter("ts")
 _raw_list = msgspec.json.Decoder(list[msgspec.Raw])
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _any = msgspec.json.Decoder()
@@ -75,12 +78,12 @@ def parse_kineto_file(path: Path) -> ParsedRank:
     with _gc_paused():
         header, events_array = _split_document(path, data)
         batches: list[pa.RecordBatch] = []
-        categories: set[str] = set()
+        categories: set[str | None] = set()
         float_ts = False
-        for offset, events in _event_batches(path, events_array):
-            categories.update({e.cat for e in events if e.cat is not None})
-            float_ts = float_ts or any(type(e.ts) is float for e in events[:1000])
-            batch = events_to_batch(path, events, offset)
+        for offset, (events, strict) in _event_batches(path, events_array):
+            categories.update(map(_CAT, events))
+            float_ts = float_ts or float in set(map(type, map(_TS, events[:1000])))
+            batch = events_to_batch(path, events, offset, strict)
             del events
             if batch.num_rows:
                 batches.append(batch)
@@ -140,8 +143,8 @@ def _split_document(path: Path, data: bytes) -> tuple[dict[str, Any], msgspec.Ra
     return header, events
 
 
-def _event_batches(path: Path, array: msgspec.Raw | bytes) -> Iterator[tuple[int, list[Event]]]:
-    """(index of the first event, decoded events) for the whole array or for batches of it."""
+def _event_batches(path: Path, array: msgspec.Raw | bytes) -> Iterator[tuple[int, tuple[list[Any], bool]]]:
+    """(index of the first event, ``decode_events``' answer) for the whole array or for batches of it."""
     if len(array) <= DIRECT_DECODE_BYTES:
         yield 0, decode_events(path, array, 0)
         return
@@ -156,7 +159,7 @@ def _event_batches(path: Path, array: msgspec.Raw | bytes) -> Iterator[tuple[int
         yield offset, decode_events(path, chunk, offset)
 
 
-def _era(categories: set[str], float_ts: bool, header: dict[str, Any]) -> str:
+def _era(categories: set[str | None], float_ts: bool, header: dict[str, Any]) -> str:
     if categories & _ERA_2021:
         return "2021"
     if float_ts or categories & _ERA_2024_FLOWS or "baseTimeNanoseconds" in header:

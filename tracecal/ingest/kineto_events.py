@@ -2,17 +2,22 @@
 
 The decoder skips every key not declared here, so a python_function event with ten args costs no
 more than one without. Columns are read from the Structs in C (``attrgetter`` over a ``map``, one
-field at a time), over only the events that carry the fields: most events have no collective args, and many
-(python_function, flows) have none of the args tracecal stores.
+field at a time); the collective keys only from the events that carry a collective marker.
+
+Cost is per event and field, so the per-column work avoids Python-level loops: integer args are
+first decoded strictly (JSON integers only, as nearly every trace writes them), which lets a column
+convert in one C call; a trace with integers written as strings or floats is decoded again
+leniently and coerced value by value. A key that no event carries costs one pass over its values
+and becomes a typed all-null column.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 from collections.abc import Sequence
-from operator import attrgetter, itemgetter
+from itertools import repeat
+from operator import attrgetter, is_not, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -53,81 +58,139 @@ coerced after decoding, and values that are not integers become NULL."""
 
 _NO_RAW = msgspec.Raw()
 
-
-def _key(name: str, default: Any = None) -> Any:
-    return msgspec.field(default=default, name=name)
-
-
-class Args(msgspec.Struct, gc=False):
-    """The ``args`` keys tracecal keeps. ``gc=False``: Structs never form cycles, and untracked
-    objects keep the garbage collector from walking millions of them during a parse."""
-
+_ARG_FIELDS: list[tuple[str, str | None, str]] = [
+    # (attribute, JSON key when it differs, kind): kind "int" (an integer), "raw" (any JSON value, kept
+    # as text), "str" (a string), "name" (a string or an integer).
     # Linking and shapes: present on most CPU operators, runtime calls and GPU activities.
-    external_id: _Int = _key("External id")
-    external_id_2021: _Int = _key("external id")
-    correlation: _Int = None
-    device: _Int = None
-    stream: _Int = None
-    bytes: _Int = None
-    sequence_number: _Int = _key("Sequence number")
-    fwd_thread_id: _Int = _key("Fwd thread id")
-    input_dims: msgspec.Raw = _key("Input Dims", _NO_RAW)
-    input_dims_2021: msgspec.Raw = _key("Input dims", _NO_RAW)
-    input_types: msgspec.Raw = _key("Input type", _NO_RAW)
-    concrete_inputs: msgspec.Raw = _key("Concrete Inputs", _NO_RAW)
-    grid: msgspec.Raw = _NO_RAW
-    block: msgspec.Raw = _NO_RAW
+    ("external_id", "External id", "int"),
+    ("external_id_2021", "external id", "int"),
+    ("correlation", None, "int"),
+    ("device", None, "int"),
+    ("stream", None, "int"),
+    ("bytes", None, "int"),
+    ("sequence_number", "Sequence number", "int"),
+    ("fwd_thread_id", "Fwd thread id", "int"),
+    ("input_dims", "Input Dims", "raw"),
+    ("input_dims_2021", "Input dims", "raw"),
+    ("input_types", "Input type", "raw"),
+    ("concrete_inputs", "Concrete Inputs", "raw"),
+    ("grid", None, "raw"),
+    ("block", None, "raw"),
     # Collectives: record_param_comms and (2024+) NCCL kernels only.
-    coll_name: str | None = _key("Collective name")
-    in_msg_nelems: _Int = _key("In msg nelems")
-    out_msg_nelems: _Int = _key("Out msg nelems")
-    group_size: _Int = _key("Group size")
-    dtype: str | None = None
-    pg_name: str | int | None = _key("Process Group Name")
-    pg_desc: str | None = _key("Process Group Description")
-    pg_ranks: msgspec.Raw = _key("Process Group Ranks", _NO_RAW)
-    in_split_size: msgspec.Raw = _key("In split size", _NO_RAW)
-    out_split_size: msgspec.Raw = _key("Out split size", _NO_RAW)
-    global_rank_start: _Int = _key("Global rank start")
-    global_rank_stride: _Int = _key("Global rank stride")
-    seq: _Int = _key("Seq")
-    comms_id: _Int = _key("Comms Id")
-    src_rank: _Int = _key("Src Rank")
-    dst_rank: _Int = _key("Dst Rank")
+    ("coll_name", "Collective name", "str"),
+    ("in_msg_nelems", "In msg nelems", "int"),
+    ("out_msg_nelems", "Out msg nelems", "int"),
+    ("group_size", "Group size", "int"),
+    ("dtype", None, "str"),
+    ("pg_name", "Process Group Name", "name"),
+    ("pg_desc", "Process Group Description", "str"),
+    ("pg_ranks", "Process Group Ranks", "raw"),
+    ("in_split_size", "In split size", "raw"),
+    ("out_split_size", "Out split size", "raw"),
+    ("global_rank_start", "Global rank start", "int"),
+    ("global_rank_stride", "Global rank stride", "int"),
+    ("seq", "Seq", "int"),
+    ("comms_id", "Comms Id", "int"),
+    ("src_rank", "Src Rank", "int"),
+    ("dst_rank", "Dst Rank", "int"),
+]
+"""The ``args`` keys tracecal keeps, declared once for both decoders below."""
+
+_ARG_TYPES: dict[str, dict[str, Any]] = {
+    "strict": {"int": int | None, "raw": msgspec.Raw, "str": str | None, "name": str | int | None},
+    "lenient": {"int": _Int, "raw": msgspec.Raw, "str": str | None, "name": str | int | None},
+}
 
 
-class Event(msgspec.Struct, gc=False):
+def _args_struct(name: str, types: dict[str, Any]) -> Any:
+    """An ``args`` Struct. ``gc=False``: Structs never form cycles, and untracked objects keep the
+    garbage collector from walking millions of them during a parse. ``frozen``: the empty instance
+    is every event's default (no None to test for)."""
+    fields: list[Any] = [
+        (attr, types[kind], msgspec.field(default=_NO_RAW if kind == "raw" else None, name=key or attr))
+        for attr, key, kind in _ARG_FIELDS
+    ]
+    return msgspec.defstruct(name, fields, gc=False, frozen=True, module=__name__)
+
+
+Args = _args_struct("Args", _ARG_TYPES["lenient"])
+"""Every kept arg, integers as written: some profilers write them as strings (ROCm ``"bytes": "128"``)
+or floats; they are coerced after decoding, and values that are not integers become NULL."""
+
+StrictArgs = _args_struct("StrictArgs", _ARG_TYPES["strict"])
+"""Every kept arg, integer args as JSON integers only: what nearly every trace writes, and what lets
+their columns convert in C without a per-value check. A trace this rejects is decoded with ``Args``."""
+
+
+def _event_struct(name: str, args: Any) -> Any:
     """One trace event; ``ph`` is the only key the Chrome trace format requires of every event."""
+    fields: list[Any] = [
+        ("ph", str),
+        ("cat", str | None, None),
+        ("name", str | None, None),
+        ("pid", int | str | None, None),
+        ("tid", int | str | None, None),
+        ("ts", int | float | None, None),
+        ("dur", int | float | None, None),
+        ("args", args | None, args()),
+    ]
+    return msgspec.defstruct(name, fields, gc=False, module=__name__)
 
-    ph: str
-    cat: str | None = None
-    name: str | None = None
-    pid: int | str | None = None
-    tid: int | str | None = None
-    ts: int | float | None = None
-    dur: int | float | None = None
-    args: Args | None = None
 
+Event = _event_struct("Event", Args)
+StrictEvent = _event_struct("StrictEvent", StrictArgs)
 
-_NO_ARGS = Args()
-_CORE_FIELDS = Args.__struct_fields__[: Args.__struct_fields__.index("coll_name")]
-_COMM_FIELDS = Args.__struct_fields__[len(_CORE_FIELDS) :]
-_EVENT_FIELDS = ("cat", "name", "pid", "tid", "ts", "dur", "args")
+_ARG_NAMES = tuple(attr for attr, _, _ in _ARG_FIELDS)
+_COMM_FIELDS = _ARG_NAMES[_ARG_NAMES.index("coll_name") :]
+_COMM_MARKERS = ("coll_name", "pg_name", "src_rank", "dst_rank")
+"""Collective args come as a set (record_param_comms, NCCL kernels): any of these keys marks one, and
+the other collective keys are read from marked events only."""
+_GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args", *_ARG_NAMES)}
 _EVENTS_SCHEMA = arrow_schema(EVENTS)
 _INT64 = pa.int64()
+_DICT = pa.dictionary(pa.int32(), pa.string())
+_BATCH_SCHEMA = pa.schema(
+    [pa.field(f.name, _DICT) if f.type == pa.string() and f.name != "run_id" else f for f in _EVENTS_SCHEMA]
+)
+"""What ``events_to_batch`` returns: ``EVENTS``, its text columns (but ``run_id``) dictionary-encoded."""
+_COMM_COLUMNS: tuple[str, ...] = (
+    "coll_name",
+    "in_msg_nelems",
+    "out_msg_nelems",
+    "group_size",
+    "coll_dtype",
+    "pg_name",
+    "pg_desc",
+)
+_COMM_COLUMNS += ("pg_ranks", "in_split_size", "out_split_size", "global_rank_start", "global_rank_stride")
+_COMM_COLUMNS += ("coll_seq", "src_rank", "dst_rank")
+_COMM_TYPES = {name: _BATCH_SCHEMA.field(name).type for name in _COMM_COLUMNS}
 _INDEX_IN_PATH = re.compile(r"^\$\[(\d+)\]")
-_events_decoder = msgspec.json.Decoder(list[Event])
+# Event types made by defstruct are variables to mypy, hence the ignores.
+_strict_decoder = msgspec.json.Decoder(list[StrictEvent])  # type: ignore[valid-type]
+_events_decoder = msgspec.json.Decoder(list[Event])  # type: ignore[valid-type]
 _any = msgspec.json.Decoder()
 
 
-def decode_events(path: Path, array: bytes | memoryview, offset: int) -> list[Event]:
+def decode_events(path: Path, array: bytes | memoryview, offset: int) -> tuple[list[Any], bool]:
     """Decode a JSON array of events; ``offset`` is the index of its first event in the file.
+
+    Returns the events and whether they are ``StrictEvent`` (integer args are JSON integers or
+    absent), else ``Event``.
 
     Raises:
         TraceFormatError: naming the file, the event's index in the file and the key.
     """
     try:
-        return _events_decoder.decode(array)
+        return _strict_decoder.decode(array), True
+    except msgspec.ValidationError:
+        pass  # an integer arg written as a string or float (or a damaged event): the lenient decoder says
+    except msgspec.DecodeError as exc:
+        raise TraceFormatError(
+            f"{path}: invalid JSON in traceEvents ({exc}); the file is truncated or corrupt"
+        ) from exc
+    try:
+        return _events_decoder.decode(array), False
     except msgspec.ValidationError as exc:
         # msgspec says e.g. "Expected `int`, got `str` - at `$[12].args.correlation`".
         message, _, location = str(exc).rpartition(" - at `")
@@ -137,92 +200,126 @@ def decode_events(path: Path, array: bytes | memoryview, offset: int) -> list[Ev
             index = offset + int(match.group(1))
             raise TraceFormatError(f"{path}: event {index}, key {key}: {message}; the trace is damaged") from exc
         raise TraceFormatError(f"{path}: {exc}") from exc
-    except msgspec.DecodeError as exc:
-        raise TraceFormatError(
-            f"{path}: invalid JSON in traceEvents ({exc}); the file is truncated or corrupt"
-        ) from exc
 
 
-def events_to_batch(path: Path, events: list[Event], offset: int) -> pa.RecordBatch:
-    """Complete (``ph`` X) events of one decoded list -> a record batch with the ``EVENTS`` columns.
+def events_to_batch(path: Path, events: list[Any], offset: int, strict: bool = False) -> pa.RecordBatch:
+    """Complete (``ph`` X) events of one decoded list -> a record batch of ``_BATCH_SCHEMA``.
 
-    String columns are dictionary-encoded; ``run_id`` and ``rank`` are left null for the loader.
+    ``strict``: the events are ``StrictEvent`` (``decode_events`` says). Text columns are
+    dictionary-encoded; ``run_id`` and ``rank`` are left null for the loader.
 
     Raises:
         TraceFormatError: a complete event without ``ts`` or ``name`` (file, event index and key).
     """
-    phases = pa.array(list(map(attrgetter("ph"), events)), pa.string())
+    phases = pa.array(list(map(_GET["ph"], events)), pa.string())
     positions = pc.indices_nonzero(pc.equal(phases, "X")).to_numpy().astype(np.int64)
-    xs = _pick(events, positions.tolist())
+    xs = events if len(positions) == len(events) else _pick(events, positions.tolist())
     n = len(xs)
-    ev = _transpose(xs, _EVENT_FIELDS)
-    for key in ("ts", "name"):
-        if None in ev[key]:
-            index = offset + int(positions[ev[key].index(None)])
+    name = _strings(list(map(_GET["name"], xs)))
+    ts = _ns(list(map(_GET["ts"], xs)))
+    for key, column in (("ts", ts), ("name", name)):
+        if column.null_count:
+            index = offset + int(positions[pc.index(column.is_null(), True).as_py()])
             raise TraceFormatError(f"{path}: event {index} (ph X) has no {key!r}; the trace is damaged, re-export it")
-    args = ev["args"]
-    with_args = [i for i, a in enumerate(args) if a is not None and a != _NO_ARGS]
-    core_args = args if len(with_args) == n else _pick(args, with_args)
-    core = _Sparse(_transpose(core_args, _CORE_FIELDS), with_args, n)
-    # Collective args come as a set (record_param_comms, NCCL kernels): any of these keys marks one.
-    with_comm = [
-        j
-        for j, a in enumerate(core_args)
-        if a.coll_name is not None or a.pg_name is not None or a.src_rank is not None or a.dst_rank is not None
-    ]
-    comm = _Sparse(_transpose(_pick(core_args, with_comm), _COMM_FIELDS), _pick(with_args, with_comm), n)
+    args = list(map(_GET["args"], xs))
+    try:
+        external_id = list(map(_GET["external_id"], args))
+    except AttributeError:  # "args": null
+        args = [_NO_ARGS[strict] if a is None else a for a in args]
+        external_id = list(map(_GET["external_id"], args))
+    ints = _exact_ints if strict else _ints
 
-    category = _strings(ev["cat"])
+    def arg_ints(field: str, type_: pa.DataType = _INT64) -> pa.Array:
+        return ints(list(map(_GET[field], args)), type_)
+
+    def arg_raw(field: str) -> pa.Array:
+        return _json_text(list(map(_GET[field], args)))
+
+    category = _strings(list(map(_GET["cat"], xs)))
     kinds = [KIND_BY_CATEGORY.get(c, "other") for c in category.dictionary.to_pylist()]
     kind = pa.DictionaryArray.from_arrays(category.indices, pa.array(kinds, pa.string()))
-    gpu_codes = pa.array([i for i, k in enumerate(kinds) if k in GPU_KINDS], pa.int32())
-    is_gpu = pc.fill_null(pc.is_in(category.indices, gpu_codes), False)
-    pid = _ints(ev["pid"])
-    tid = _ints(ev["tid"])
-    dims = core.raw("input_dims")
+    pid = _ints(list(map(_GET["pid"], xs)))
+    tid = _ints(list(map(_GET["tid"], xs)))
+    gpu_codes = [i for i, k in enumerate(kinds) if k in GPU_KINDS]
+    if gpu_codes:
+        is_gpu = pc.fill_null(pc.is_in(category.indices, pa.array(gpu_codes, pa.int32())), False)
+        device = _narrow(pc.if_else(is_gpu, pc.coalesce(arg_ints("device"), pid), None), pa.int32())
+        stream = _narrow(pc.if_else(is_gpu, pc.coalesce(arg_ints("stream"), tid), None), pa.int32())
+    else:  # a CPU-only trace: device and stream are for GPU activities only
+        device = stream = pa.nulls(n, pa.int32())
+    dims = arg_raw("input_dims")
     if dims.null_count == n:  # 2021 traces say "Input dims"
-        dims = core.raw("input_dims_2021")
+        dims = arg_raw("input_dims_2021")
     columns: dict[str, pa.Array] = {
         "run_id": pa.nulls(n, pa.string()),
         "rank": pa.nulls(n, pa.int32()),
         "event_id": pa.array(positions + offset, pa.int64()),
         "kind": kind,
         "category": category,
-        "name": _strings(ev["name"]),
-        "ts_ns": _ns(ev["ts"]),
-        "dur_ns": _ns(ev["dur"]),
+        "name": name,
+        "ts_ns": ts,
+        "dur_ns": _ns(list(map(_GET["dur"], xs))),
         "pid": pid,
         "tid": tid,
-        "device": _narrow(pc.if_else(is_gpu, pc.coalesce(core.ints("device"), pid), None), pa.int32()),
-        "stream": _narrow(pc.if_else(is_gpu, pc.coalesce(core.ints("stream"), tid), None), pa.int32()),
-        "correlation": core.ints("correlation"),
-        "external_id": pc.coalesce(core.ints("external_id"), core.ints("external_id_2021")),
-        "sequence_number": core.ints("sequence_number"),
-        "fwd_thread_id": core.ints("fwd_thread_id"),
+        "device": device,
+        "stream": stream,
+        "correlation": arg_ints("correlation"),
+        "external_id": _coalesce(ints(external_id), arg_ints("external_id_2021")),
+        "sequence_number": arg_ints("sequence_number"),
+        "fwd_thread_id": arg_ints("fwd_thread_id"),
         "input_dims": dims,
-        "input_types": core.raw("input_types"),
-        "concrete_inputs": core.raw("concrete_inputs"),
-        "bytes": core.ints("bytes"),
-        "grid": core.raw("grid"),
-        "block": core.raw("block"),
+        "input_types": arg_raw("input_types"),
+        "concrete_inputs": arg_raw("concrete_inputs"),
+        "bytes": arg_ints("bytes"),
+        "grid": arg_raw("grid"),
+        "block": arg_raw("block"),
+    }
+    columns.update(_comm_columns(args, n, ints))
+    return pa.RecordBatch.from_arrays([columns[f.name] for f in _BATCH_SCHEMA], schema=_BATCH_SCHEMA)
+
+
+def _comm_columns(args: list[Any], n: int, ints: Any) -> dict[str, pa.Array]:
+    """The collective columns, read from the events that carry a collective marker (null elsewhere)."""
+    marked = np.zeros(n, dtype=bool)
+    for field in _COMM_MARKERS:
+        values = list(map(_GET[field], args))
+        if not _all_none(values):
+            marked |= np.fromiter(map(is_not, values, repeat(None)), dtype=bool, count=n)
+    rows = np.flatnonzero(marked)
+    if len(rows) == 0:
+        return {name: pa.nulls(n, type_) for name, type_ in _COMM_TYPES.items()}
+    comm = _Sparse(_transpose(_pick(args, rows.tolist()), _COMM_FIELDS), rows, n)
+    return {
         "coll_name": comm.strings("coll_name"),
-        "in_msg_nelems": comm.ints("in_msg_nelems"),
-        "out_msg_nelems": comm.ints("out_msg_nelems"),
-        "group_size": comm.ints("group_size", pa.int32()),
+        "in_msg_nelems": comm.ints(ints, "in_msg_nelems"),
+        "out_msg_nelems": comm.ints(ints, "out_msg_nelems"),
+        "group_size": comm.ints(ints, "group_size", pa.int32()),
         "coll_dtype": comm.strings("dtype"),
         "pg_name": comm.strings("pg_name"),
         "pg_desc": comm.strings("pg_desc"),
         "pg_ranks": comm.raw("pg_ranks"),
         "in_split_size": comm.raw("in_split_size"),
         "out_split_size": comm.raw("out_split_size"),
-        "global_rank_start": comm.ints("global_rank_start", pa.int32()),
-        "global_rank_stride": comm.ints("global_rank_stride", pa.int32()),
-        "coll_seq": pc.coalesce(comm.ints("seq"), comm.ints("comms_id")),
-        "src_rank": comm.ints("src_rank", pa.int32()),
-        "dst_rank": comm.ints("dst_rank", pa.int32()),
+        "global_rank_start": comm.ints(ints, "global_rank_start", pa.int32()),
+        "global_rank_stride": comm.ints(ints, "global_rank_stride", pa.int32()),
+        "coll_seq": _coalesce(comm.ints(ints, "seq"), comm.ints(ints, "comms_id")),
+        "src_rank": comm.ints(ints, "src_rank", pa.int32()),
+        "dst_rank": comm.ints(ints, "dst_rank", pa.int32()),
     }
-    schema = pa.schema([pa.field(f.name, columns[f.name].type) for f in _EVENTS_SCHEMA])
-    return pa.RecordBatch.from_arrays([columns[f.name] for f in _EVENTS_SCHEMA], schema=schema)
+
+
+_NO_ARGS = {True: StrictArgs(), False: Args()}
+
+
+def _all_none(values: list[Any]) -> bool:
+    """Whether every value is None; stops at the first value when it is not (the usual answer)."""
+    return not values or (values[0] is None and values.count(None) == len(values))
+
+
+def _coalesce(first: pa.Array, second: pa.Array) -> pa.Array:
+    if second.null_count == len(second):
+        return first
+    return pc.coalesce(first, second)
 
 
 def _pick(items: Sequence[Any], indices: Sequence[int]) -> list[Any]:
@@ -232,16 +329,16 @@ def _pick(items: Sequence[Any], indices: Sequence[int]) -> list[Any]:
     return list(itemgetter(*indices)(items))
 
 
-def _transpose(structs: Sequence[Any], fields: tuple[str, ...]) -> dict[str, Sequence[Any]]:
+def _transpose(structs: Sequence[Any], fields: tuple[str, ...]) -> dict[str, list[Any]]:
     """Struct list -> one list per field, each built in C by ``map(attrgetter(field), ...)`` (about 3x
     faster than transposing per-struct tuples with ``zip(*...)``)."""
-    return {f: list(map(attrgetter(f), structs)) for f in fields}
+    return {f: list(map(_GET[f], structs)) for f in fields}
 
 
 class _Sparse:
     """Columns known only at some rows (``positions``) of an ``n``-row batch; the rest are null."""
 
-    def __init__(self, columns: dict[str, Sequence[Any]], positions: list[int], n: int) -> None:
+    def __init__(self, columns: dict[str, list[Any]], positions: np.ndarray, n: int) -> None:
         self.columns = columns
         self.n = n
         self.take: pa.Array | None = None
@@ -255,12 +352,10 @@ class _Sparse:
     def _spread(self, values: pa.Array) -> pa.Array:
         if self.take is None:
             return values
-        if len(values) == 0:
-            return pa.nulls(self.n, values.type)
         return values.take(self.take)
 
-    def ints(self, name: str, type_: pa.DataType = _INT64) -> pa.Array:
-        return self._spread(_ints(self.columns[name], type_))
+    def ints(self, ints: Any, name: str, type_: pa.DataType = _INT64) -> pa.Array:
+        return self._spread(ints(self.columns[name], type_))
 
     def strings(self, name: str) -> pa.Array:
         values = [v if v is None or type(v) is str else str(v) for v in self.columns[name]]
@@ -273,7 +368,6 @@ class _Sparse:
 _INT64_RANGE = (-(2**63), 2**63 - 1)
 
 
-@functools.lru_cache(maxsize=65536)
 def _int_or_none(value: int | float | str | None) -> int | None:
     """An int64 written as int, integral float or decimal string; anything else is None.
 
@@ -291,10 +385,12 @@ def _int_or_none(value: int | float | str | None) -> int | None:
     return value
 
 
-def _ints(values: Sequence[Any], type_: pa.DataType = _INT64) -> pa.Array:
+def _ints(values: list[Any], type_: pa.DataType = _INT64) -> pa.Array:
     """Integer column of ``type_``: the all-int case converts in C, all-string columns (2021 tids such as
     "4093687616" and "stream 7") parse in Arrow, mixed columns go value by value; what is not an integer
     of the type becomes NULL."""
+    if _all_none(values):
+        return pa.nulls(len(values), type_)
     try:
         inferred: pa.Array | None = pa.array(values)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
@@ -306,8 +402,21 @@ def _ints(values: Sequence[Any], type_: pa.DataType = _INT64) -> pa.Array:
         digits = pc.fill_null(pc.utf8_is_digit(inferred), False)
         with contextlib.suppress(pa.ArrowInvalid):  # beyond int64: the per-value path below
             column = pc.if_else(digits, pc.if_else(digits, inferred, "0").cast(_INT64), None)
-    if column is None:
-        column = pa.array([None if v is None else _int_or_none(v) for v in values], _INT64)
+    if column is None:  # mixed types (a 2024 trace's pid "Spans" among ints): few distinct values
+        ints = {v: _int_or_none(v) for v in set(values)}
+        column = pa.array(list(map(ints.__getitem__, values)), _INT64)
+    return _narrow(column, type_)
+
+
+def _exact_ints(values: list[Any], type_: pa.DataType = _INT64) -> pa.Array:
+    """``_ints`` for values known to be Python ints or None (a ``StrictArgs`` field): one conversion in
+    C; ints beyond int64 (which the decoder accepts) take the checking path."""
+    if _all_none(values):
+        return pa.nulls(len(values), type_)
+    try:
+        column = pa.array(values, _INT64)
+    except OverflowError:
+        return _ints(values, type_)
     return _narrow(column, type_)
 
 
@@ -315,8 +424,11 @@ def _narrow(column: pa.Array, type_: pa.DataType) -> pa.Array:
     """An int64 column as ``type_``, values the type cannot hold becoming NULL (never wrapped)."""
     if type_ == _INT64:
         return column
-    info = np.iinfo(type_.to_pandas_dtype())
-    outside = pc.or_(pc.less(column, int(info.min)), pc.greater(column, int(info.max)))
+    low, high = -(2 ** (type_.bit_width - 1)), 2 ** (type_.bit_width - 1) - 1  # signed types only
+    bounds = pc.min_max(column).as_py()
+    if bounds["min"] is None or (bounds["min"] >= low and bounds["max"] <= high):
+        return column.cast(type_)
+    outside = pc.or_(pc.less(column, low), pc.greater(column, high))
     return pc.if_else(pc.fill_null(outside, False), None, column).cast(type_)
 
 
@@ -346,10 +458,11 @@ def _json_text(raws: Sequence[msgspec.Raw]) -> pa.Array:
     become the same string.
     """
     n = len(raws)
-    if n == 0:
-        return pa.array([], pa.dictionary(pa.int32(), pa.string()))
+    lengths = np.fromiter(map(len, raws), dtype=np.int64, count=n)
+    if n == 0 or not lengths.any():  # the key is in no event (an absent value is the empty Raw)
+        return pa.nulls(n, _DICT)
     offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, raws), dtype=np.int64, count=n), out=offsets[1:])
+    np.cumsum(lengths, out=offsets[1:])
     binary = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(raws))])
     encoded = binary.dictionary_encode()
     text = [_canonical_json(v) for v in encoded.dictionary.to_pylist()]
@@ -373,5 +486,7 @@ def _canonical_json(raw: bytes) -> str | None:
     return None if value is None else msgspec.json.encode(value).decode()
 
 
-def _strings(values: Sequence[str | None]) -> pa.Array:
+def _strings(values: list[str | None]) -> pa.Array:
+    if _all_none(values):
+        return pa.nulls(len(values), _DICT)
     return pa.array(values, pa.string()).dictionary_encode()
