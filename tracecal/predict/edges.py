@@ -86,25 +86,24 @@ class EdgeBuilder:
         return src, dst, lag, kind, release
 
 
-def infer_edges(nodes: pl.DataFrame) -> tuple[EdgeBuilder, np.ndarray]:
+def infer_edges(nodes: pl.DataFrame) -> tuple[EdgeBuilder, np.ndarray, np.ndarray]:
     """Run every rule over the node table.
 
     Returns:
-        The builder (call ``fitted()``) and the per-node duration role after the rules (collective
-        members become ``coupled``, blocking runtime calls ``sync``).
+        The builder (call ``fitted()``) and two per-node masks for the duration role after the rules:
+        collective members whose end follows their instance (``coupled``) and blocking runtime calls
+        whose end follows the awaited work (``sync``; it wins where both hold).
     """
     b = EdgeBuilder(nodes)
     _thread_edges(b, nodes)
     _stream_and_launch_edges(b, nodes)
     _sync_edges(b, nodes)
     _event_wait_edges(b, nodes)
-    coupled = _collective_edges(b, nodes)
+    coupled = np.zeros(b.n, dtype=bool)
+    coupled[_collective_edges(b, nodes)] = True
     _marker_edges(b, nodes)
     _issue_and_wait_edges(b, nodes)  # last: it relaxes thread and marker edges into waiting ops
-    role = nodes["duration_role"].to_numpy().copy()
-    role[coupled] = "coupled"
-    role[b.sync_nodes] = "sync"
-    return b, role
+    return b, coupled, b.sync_nodes
 
 
 def _absorb_slack(t: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> np.ndarray:
@@ -143,9 +142,11 @@ def chain_predecessors(group: np.ndarray, start: np.ndarray, end: np.ndarray) ->
 def _lane_chain(nodes: pl.DataFrame, mask: pl.Expr, lane: str) -> tuple[np.ndarray, np.ndarray]:
     """(prev node, node) pairs of consecutive nodes on each (rank, lane)."""
     sub = (
-        nodes.filter(mask & pl.col(lane).is_not_null())
+        nodes.lazy()  # lazy: only the five columns are filtered and sorted, not the whole node table
+        .filter(mask & pl.col(lane).is_not_null())
         .select("node", "rank", lane, "start_ns", "end_ns")
         .sort(["rank", lane, "start_ns", "end_ns"])
+        .collect()
     )
     if sub.height == 0:
         return np.empty(0, np.int64), np.empty(0, np.int64)
@@ -174,16 +175,25 @@ def _stream_and_launch_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
     prev, node = _lane_chain(nodes, gpu, "lane_stream")
     b.add(2 * prev + 1, 2 * node, 0, "stream")
 
-    rt = nodes.filter(pl.col("node_kind") == "runtime").select(
-        "rank",
-        pl.col("event_id").alias("runtime_event_id"),
-        pl.col("node").alias("rt_node"),
-        pl.col("start_ns").alias("rt_start"),
+    rt = (
+        nodes.lazy()
+        .filter(pl.col("node_kind") == "runtime")
+        .select(
+            "rank",
+            pl.col("event_id").alias("runtime_event_id"),
+            pl.col("node").alias("rt_node"),
+            pl.col("start_ns").alias("rt_start"),
+        )
+        .collect()
     )
     if rt.height == 0:
         return
-    launched = nodes.filter(gpu & pl.col("runtime_event_id").is_not_null()).join(
-        rt, on=["rank", "runtime_event_id"], how="inner"
+    launched = (
+        nodes.lazy()
+        .filter(gpu & pl.col("runtime_event_id").is_not_null())
+        .select("node", "rank", "runtime_event_id", "start_ns")
+        .join(rt.lazy(), on=["rank", "runtime_event_id"], how="inner", maintain_order="left")
+        .collect()
     )
     if launched.height == 0:
         return
@@ -230,9 +240,12 @@ def _sync_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
     launched = _launched(b, nodes)
     if launched is None:
         return
-    blocking = nodes.filter(
-        (pl.col("node_kind") == "runtime") & pl.col("name").str.contains(BLOCKING_CALL.pattern)
-    ).select("node", "rank", "start_ns", "end_ns")
+    blocking = (
+        nodes.lazy()
+        .filter((pl.col("node_kind") == "runtime") & pl.col("name").str.contains(BLOCKING_CALL.pattern))
+        .select("node", "rank", "start_ns", "end_ns")
+        .collect()
+    )
     if blocking.height == 0:
         return
     # running max of the end over launch order per rank, with the activity that holds it
@@ -271,8 +284,11 @@ def _event_wait_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
     launched = _launched(b, nodes)
     if launched is None:
         return
-    waits = nodes.filter((pl.col("node_kind") == "runtime") & pl.col("name").str.contains(STREAM_WAIT.pattern)).select(
-        "rank", "lane_tid", pl.col("start_ns").alias("w_ts")
+    waits = (
+        nodes.lazy()
+        .filter((pl.col("node_kind") == "runtime") & pl.col("name").str.contains(STREAM_WAIT.pattern))
+        .select("rank", "lane_tid", pl.col("start_ns").alias("w_ts"))
+        .collect()
     )
     if waits.height == 0:
         return
@@ -327,11 +343,16 @@ def _collective_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> np.ndarray:
     """Members join the instance (it starts when the last is ready) and end with it.
 
     Returns the member nodes whose end now follows the instance (duration role ``coupled``)."""
-    inst = nodes.filter(pl.col("node_kind") == "collective").select(pl.col("node").alias("inst"), "match_id")
+    inst = nodes.lazy().filter(pl.col("node_kind") == "collective").select(pl.col("node").alias("inst"), "match_id")
+    inst = inst.collect()
     if inst.height == 0:
         return np.empty(0, np.int64)
-    mem = nodes.filter((pl.col("node_kind") == "activity") & pl.col("match_id").is_not_null()).join(
-        inst, on="match_id", how="inner"
+    mem = (
+        nodes.lazy()
+        .filter((pl.col("node_kind") == "activity") & pl.col("match_id").is_not_null())
+        .select("node", "match_id")
+        .join(inst.lazy(), on="match_id", how="inner", maintain_order="left")
+        .collect()
     )
     m = mem["node"].to_numpy()
     c = mem["inst"].to_numpy()
@@ -349,10 +370,15 @@ def _issue_and_wait_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
     main thread) start after the latest main-thread op that began before them (the op that
     enqueued them), and a main-thread op that resumed right after one ended waited for it."""
     # iteration markers take part: the iteration start can issue work and the iteration end can wait
-    cpu = nodes.filter(
-        (((pl.col("node_kind") == "activity") & pl.col("lane_stream").is_null()) | (pl.col("node_kind") == "marker"))
-        & pl.col("main_tid").is_not_null()
-    ).select("node", "rank", "lane_tid", "main_tid", "is_comm", "start_ns", "end_ns")
+    cpu = (
+        nodes.lazy()
+        .filter(
+            ((pl.col("node_kind").eq("activity") & pl.col("lane_stream").is_null()) | pl.col("node_kind").eq("marker"))
+            & pl.col("main_tid").is_not_null()
+        )
+        .select("node", "rank", "lane_tid", "main_tid", "is_comm", "start_ns", "end_ns")
+        .collect()
+    )
     comm = cpu.filter(pl.col("is_comm")).sort("start_ns")
     on_main = cpu.filter(pl.col("lane_tid") == pl.col("main_tid")).sort("start_ns")
     if comm.height == 0 or on_main.height == 0:
@@ -422,12 +448,15 @@ def _relax_thread_edges(b: EdgeBuilder) -> None:
 
 def _marker_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
     """CPU-only ranks: iteration start → first op of the main thread; its last op → iteration end."""
-    mk = nodes.filter(pl.col("node_kind") == "marker").select("node", "rank", "name")
+    mk = nodes.lazy().filter(pl.col("node_kind") == "marker").select("node", "rank", "name").collect()
     if mk.height == 0:
         return
-    main = nodes.filter(
-        (pl.col("node_kind") == "activity") & (pl.col("lane_tid") == pl.col("main_tid")) & ~pl.col("is_comm")
-    ).select("node", "rank", "start_ns", "end_ns")
+    main = (
+        nodes.lazy()
+        .filter((pl.col("node_kind") == "activity") & (pl.col("lane_tid") == pl.col("main_tid")) & ~pl.col("is_comm"))
+        .select("node", "rank", "start_ns", "end_ns")
+        .collect()
+    )
     first = main.sort("start_ns").group_by("rank").agg(pl.col("node").first().alias("first"))
     last = main.sort("end_ns").group_by("rank").agg(pl.col("node").last().alias("last"))
     starts = mk.filter(pl.col("name") == "iteration_start").join(first, on="rank", how="inner")

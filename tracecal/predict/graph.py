@@ -132,6 +132,10 @@ class Schedule:
 def build_graph(inputs: ReplayInputs) -> ReplayGraph:
     """Build the dependency graph of one iteration (see the module docstring for the edges).
 
+    Node ids: the activities first, in the order of ``inputs.activities`` (node ``i`` is activity row
+    ``i``), then the runtime calls in their order, the collective instances by ``match_id``, and the
+    iteration markers.
+
     Raises:
         PredictionError: no activities, or the constraints form a cycle.
     """
@@ -144,11 +148,15 @@ def build_graph(inputs: ReplayInputs) -> ReplayGraph:
     nodes = nodes.with_columns(pl.col("start_ns") - origin, pl.col("end_ns") - origin)
     nodes = nodes.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("node"))
 
-    builder, role = infer_edges(nodes)
-    nodes = nodes.with_columns(pl.Series("duration_role", role))
+    builder, coupled, sync = infer_edges(nodes)
+    # a blocking call's end follows the awaited work (sync wins over coupled, as in the rules' order)
+    nodes = nodes.with_columns(
+        pl.when(pl.Series(sync)).then(pl.lit("sync")).when(pl.Series(coupled)).then(pl.lit("coupled"))
+        .otherwise(pl.col("duration_role")).alias("duration_role")
+    )  # fmt: skip
     features = _features(inputs, nodes)
-    nodes = nodes.drop("_row")
     src, dst, lag, kind, release = builder.fitted()
+    del builder
     return ReplayGraph(
         nodes=nodes,
         src=src,
@@ -167,25 +175,35 @@ def _features(inputs: ReplayInputs, nodes: pl.DataFrame) -> pl.DataFrame:
 
     Activities keep their other ``operators`` columns; those that are collective rows also get the
     collective's name and communication features (an unmatched NCCL kernel is still a collective);
-    collective instances get them from their first member."""
-    keep = [c for c in inputs.activities.columns if c not in FEATURE_EXCLUDE]
+    collective instances get them from their first member (in ``collectives`` order). The activity
+    columns are not copied: activity ``i`` is node ``i``, so the frame is the activities' own columns
+    beside a narrow join, and already in node order."""
+    acts = inputs.activities
+    keep = [c for c in acts.columns if c not in FEATURE_EXCLUDE and c not in ("rank", "event_id")]
     comm_cols = [c for c in COMM_FEATURES if c in inputs.collectives.columns]
     coll = inputs.collectives.select(
         "rank", "event_id", "match_id", pl.col("name").alias("collective"), *comm_cols
-    ).unique(["rank", "event_id"], keep="first")
-    acts = inputs.activities.with_row_index("_row").select("_row", *keep)
+    ).unique(["rank", "event_id"], keep="first", maintain_order=True)
     shared = [c for c in comm_cols if c in acts.columns]  # operators has dtype too: prefer the op's own
-    acts = (
-        acts.join(coll.drop("match_id", *shared), on=["rank", "event_id"], how="left")
-        .join(nodes.select("node", "_row").drop_nulls("_row"), on="_row", how="inner")
-        .drop("_row", "rank", "event_id")
+    member = acts.select("rank", "event_id").join(
+        coll.drop(*shared), on=["rank", "event_id"], how="left", maintain_order="left"
     )
-    inst = nodes.filter(pl.col("node_kind") == "collective").select("node", "match_id")
+    n_acts = acts.height
+    frame = pl.concat(
+        [
+            acts.select(keep),
+            member.drop("rank", "event_id", "match_id"),
+            nodes.slice(0, n_acts).select("node"),
+        ],
+        how="horizontal",
+    )
+    inst = nodes.lazy().filter(pl.col("node_kind") == "collective").select("node", "match_id").collect()
     if inst.height:
-        first = coll.filter(pl.col("match_id").is_not_null()).unique("match_id", keep="first").drop("rank", "event_id")
-        inst = inst.join(first, on="match_id", how="left")
+        first = coll.filter(pl.col("match_id").is_not_null()).unique("match_id", keep="first", maintain_order=True)
+        inst = inst.join(first.drop("rank", "event_id"), on="match_id", how="left", maintain_order="left")
     inst = inst.drop("match_id").with_columns(pl.lit("comm").alias("family"))
-    return pl.concat([acts, inst], how="diagonal_relaxed").sort("node")
+    # activities are nodes 0..n_acts-1 and instances come after every activity: already in node order
+    return pl.concat([frame, inst], how="diagonal_relaxed")
 
 
 _NODE_COLUMNS = (
@@ -230,67 +248,75 @@ def _normalized(inputs: ReplayInputs) -> ReplayInputs:
     return ReplayInputs(*(cast(f) for f in (inputs.activities, inputs.collectives, inputs.runtime, inputs.ranks)))
 
 
+def _by_rank(table: pl.DataFrame, column: str) -> pl.Expr:
+    """``column`` of ``table`` (one row per rank) looked up by each row's rank: a column-wise map,
+    so the (wide, long) frame it is used on is not joined and copied; NULL for an unknown rank."""
+    table = table.filter(pl.col("rank").is_not_null()).unique("rank", keep="first", maintain_order=True)
+    return pl.col("rank").replace_strict(table["rank"], table[column], default=None, return_dtype=table.schema[column])
+
+
 def _node_table(inputs: ReplayInputs, offsets: pl.DataFrame) -> pl.DataFrame:
-    """All nodes of the graph with measured aligned times (absolute) and their lanes."""
-    acts = inputs.activities.with_row_index("_row")
+    """All nodes of the graph with measured aligned times (absolute) and their lanes; activities
+    first, in input order (node ``i`` is activity row ``i``)."""
+    acts = inputs.activities
     if "tid" not in acts.columns:
         acts = acts.with_columns(pl.col("cpu_tid").alias("tid"))
     # only what the edges and tables need travels with the nodes; features stay in ReplayGraph.features
-    acts = acts.select([c for c in (*_NODE_COLUMNS, "_row") if c in acts.columns])
+    acts = acts.select([c for c in _NODE_COLUMNS if c in acts.columns])
     is_gpu = pl.col("kind").is_in(GPU_KINDS)
-    acts = (
-        acts.join(offsets, on="rank", how="left")
-        .with_columns(
-            pl.lit("activity").alias("node_kind"),
-            (pl.col("ts_ns") + pl.col("_offset").fill_null(0)).alias("start_ns"),
-            pl.col("dur_ns").fill_null(0).clip(lower_bound=0).alias("dur_ns"),
-            pl.when(is_gpu).then(pl.col("stream")).otherwise(None).cast(pl.Int64).alias("lane_stream"),
-            pl.when(is_gpu).then(None).otherwise(pl.col("tid")).cast(pl.Int64).alias("lane_tid"),
-            pl.col("runtime_event_id").cast(pl.Int64)
-            if "runtime_event_id" in acts.columns
-            else pl.lit(None, pl.Int64).alias("runtime_event_id"),
-            pl.lit("own").alias("duration_role"),
-        )
-        .drop("_offset")
+    offset = _by_rank(offsets, "_offset").fill_null(0)
+    acts = acts.with_columns(
+        pl.lit("activity").alias("node_kind"),
+        (pl.col("ts_ns") + offset).alias("start_ns"),
+        pl.col("dur_ns").fill_null(0).clip(lower_bound=0).alias("dur_ns"),
+        pl.when(is_gpu).then(pl.col("stream")).otherwise(None).cast(pl.Int64).alias("lane_stream"),
+        pl.when(is_gpu).then(None).otherwise(pl.col("tid")).cast(pl.Int64).alias("lane_tid"),
+        pl.col("runtime_event_id").cast(pl.Int64)
+        if "runtime_event_id" in acts.columns
+        else pl.lit(None, pl.Int64).alias("runtime_event_id"),
+        pl.lit("own").alias("duration_role"),
     )
-    # collective membership: (rank, event_id) -> match_id, role
+    # collective membership: (rank, event_id) -> match_id, role; joined on the two keys only (the
+    # result is in activity order, one row per activity) and set beside the activity columns
     coll = inputs.collectives.select(
         "rank",
         "event_id",
         pl.col("match_id").cast(pl.Int64),
         pl.col("role").cast(pl.String),
         pl.col("name").alias("coll_name"),
-    ).unique(subset=["rank", "event_id"], keep="first")
-    acts = acts.join(coll, on=["rank", "event_id"], how="left")
+    ).unique(subset=["rank", "event_id"], keep="first", maintain_order=True)
+    member = acts.select("rank", "event_id").join(coll, on=["rank", "event_id"], how="left", maintain_order="left")
+    acts = pl.concat([acts, member.drop("rank", "event_id")], how="horizontal")
     acts = acts.with_columns((pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"))
 
-    gpu_ranks = acts.filter(is_gpu).select("rank").unique()
+    gpu_ranks = acts.lazy().filter(is_gpu).select("rank").unique().collect()
     acts = acts.with_columns(
         pl.when(pl.col("rank").is_in(gpu_ranks["rank"].implode())).then(is_gpu).otherwise(False).alias("in_span")
     )
 
     rt = inputs.runtime
     if rt.height:
-        rt = (
-            rt.join(offsets, on="rank", how="left")
-            .select(
-                "rank",
-                pl.col("event_id").cast(pl.Int64),
-                "name",
-                (pl.col("ts_ns") + pl.col("_offset").fill_null(0)).alias("start_ns"),
-                pl.col("dur_ns").fill_null(0).clip(lower_bound=0).alias("dur_ns"),
-                pl.col("tid").cast(pl.Int64).alias("lane_tid"),
-            )
-            .with_columns(
-                (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"),
-                pl.lit("runtime").alias("node_kind"),
-                pl.lit("fixed").alias("duration_role"),
-                pl.lit(False).alias("in_span"),
-            )
+        rt = rt.select(
+            "rank",
+            pl.col("event_id").cast(pl.Int64),
+            "name",
+            (pl.col("ts_ns") + _by_rank(offsets, "_offset").fill_null(0)).alias("start_ns"),
+            pl.col("dur_ns").fill_null(0).clip(lower_bound=0).alias("dur_ns"),
+            pl.col("tid").cast(pl.Int64).alias("lane_tid"),
+        ).with_columns(
+            (pl.col("start_ns") + pl.col("dur_ns")).alias("end_ns"),
+            pl.lit("runtime").alias("node_kind"),
+            pl.lit("fixed").alias("duration_role"),
+            pl.lit(False).alias("in_span"),
         )
 
     # one virtual node per matched collective instance; its times are filled by _collective_edges
-    members = acts.filter(pl.col("match_id").is_not_null())
+    members = (
+        acts.lazy()
+        .filter(pl.col("match_id").is_not_null())
+        .select("match_id", "rank", "coll_name", "role", "start_ns", "end_ns")
+        .collect()
+    )
     inst = (
         members.group_by("match_id")
         .agg(
@@ -322,7 +348,7 @@ def _node_table(inputs: ReplayInputs, offsets: pl.DataFrame) -> pl.DataFrame:
     cpu_ranks = inputs.ranks.filter(~pl.col("rank").is_in(gpu_ranks["rank"].implode()))
     markers = pl.DataFrame()
     if cpu_ranks.height:
-        cr = cpu_ranks.join(offsets, on="rank", how="left").with_columns(
+        cr = cpu_ranks.with_columns(_by_rank(offsets, "_offset").alias("_offset")).with_columns(
             (pl.col("window_start_ns") + pl.col("_offset")).alias("_s"),
             (pl.col("window_end_ns") + pl.col("_offset")).alias("_e"),
         )
@@ -354,10 +380,23 @@ def _node_table(inputs: ReplayInputs, offsets: pl.DataFrame) -> pl.DataFrame:
         ((pl.col("family") == "comm").fill_null(False) | pl.col("match_id").is_not_null()).alias("is_comm")
     )
     frames = [acts.drop("coll_name"), rt, inst, markers]
-    nodes = pl.concat([f for f in frames if f.height], how="diagonal_relaxed")
-    nodes = nodes.with_columns(pl.col("is_comm").fill_null(False))
-    main = inputs.ranks.select("rank", pl.col("main_tid").cast(pl.Int64))
-    return nodes.join(main, on="rank", how="left")
+    nodes = _stack([f for f in frames if f.height])
+    return nodes.with_columns(pl.col("is_comm").fill_null(False), _by_rank(inputs.ranks, "main_tid").alias("main_tid"))
+
+
+def _stack(frames: list[pl.DataFrame]) -> pl.DataFrame:
+    """Frames one under the other, columns in order of first appearance (as a diagonal concat), a
+    column a frame lacks being NULL. Every frame gets every column first, so the result's columns are
+    chunked alike: a diagonal concat leaves them chunked differently, and the next ``with_columns``
+    would then copy the whole (large) table into single chunks."""
+    schema = pl.concat([f.head(0) for f in frames], how="diagonal_relaxed").schema
+    return pl.concat(
+        [
+            f.select(pl.col(c).cast(t) if c in f.columns else pl.lit(None, t).alias(c) for c, t in schema.items())
+            for f in frames
+        ],
+        how="vertical",
+    )
 
 
 # --- ordering ------------------------------------------------------------------------------------------
