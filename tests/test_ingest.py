@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from tests.conftest import KINETO
 from tracecal.cli.main import app
 from tracecal.ingest import pool
+from tracecal.sql import load
 from tracecal.sql.connection import open_database
 from tracecal.sql.load import IngestOptions, ingest_runs
 
@@ -107,6 +108,35 @@ def test_reingest_replaces_the_run(db_path: Path) -> None:
     assert _table_counts(db_path) == once
     assert once["runs"] == 1 and once["ranks"] == 2
     assert first.runs[0].events == second.runs[0].events == once["events"]
+
+
+def test_reingest_replaces_rows_the_runs_table_no_longer_lists(db_path: Path) -> None:
+    """The delete step probes every run-keyed table, not only ``runs``: orphaned rows of a run
+    (its ``runs`` row deleted by hand) are replaced, not doubled."""
+    run = KINETO / "sampled_2_of_128"
+    with open_database(db_path) as con:
+        ingest_runs(con, [run], IngestOptions(workers=1))
+    once = _table_counts(db_path)
+    with open_database(db_path) as con:
+        con.execute("DELETE FROM runs")
+        ingest_runs(con, [run], IngestOptions(workers=1))
+    assert _table_counts(db_path) == once
+
+
+def test_batched_and_per_rank_inserts_store_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dlrm's 8 ranks go in one INSERT by default; one INSERT per rank stores the same rows, and the
+    connection's thread setting (one thread while inserting) is restored."""
+    query = "SELECT * EXCLUDE (run_id) FROM events ORDER BY rank, event_id"
+    tables = []
+    for batch_rows in (load.INSERT_BATCH_ROWS, 1):
+        monkeypatch.setattr(load, "INSERT_BATCH_ROWS", batch_rows)
+        with open_database(tmp_path / f"b{batch_rows}.duckdb") as con:
+            con.execute("SET threads = 2")
+            ingest_runs(con, [KINETO / "dlrm_8rank"], IngestOptions(workers=1))
+            tables.append(con.execute(query).fetchall())
+            assert con.execute("SELECT current_setting('threads')").fetchall() == [(2,)]
+    assert len(tables[0]) == 19_789
+    assert tables[0] == tables[1]
 
 
 def test_many_runs_per_database_and_run_id(db_path: Path) -> None:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -186,15 +188,15 @@ def _ingest_run(
     con.execute("BEGIN TRANSACTION")
     try:
         # Step 1: re-ingest replaces — the run's rows go from every run-keyed table.
-        for table in RUN_TABLES:
-            con.execute(f"DELETE FROM {table.name} WHERE run_id = ?", [run_id])  # name from schema
+        _delete_run(con, run_id)
 
         # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
         for done, (trace_file, parsed) in enumerate(pool.parse(run.files, options.on_error, skipped), start=1):
             stored.add(trace_file, parsed)
-            del parsed  # the next file's events arrive only after this one's are gone
+            del parsed  # stored or waiting in `stored` (bounded by INSERT_BATCH_ROWS), not held here
             if progress is not None:
                 progress(Progress(run_id, trace_file.path, done, len(run.files)))
+        stored.flush()
         if not stored.rows:
             reasons = "; ".join(s.reason for s in skipped[:3])
             raise _NothingLeft(f"{run.run_dir}: every trace file failed ({reasons})")
@@ -242,8 +244,18 @@ def _ingest_run(
     )
 
 
+INSERT_BATCH_ROWS = 200_000
+"""Events of several ranks are inserted with one statement until this many rows are waiting (each
+INSERT costs a few ms of fixed work, as much as parsing a small rank); a larger rank goes alone.
+Waiting ranks hold at most this many rows (tens of MB of Arrow) beside the rank being parsed."""
+
+
 class _StoredRanks:
-    """The ranks of one run stored so far: their ``ranks`` rows and the totals of the run."""
+    """The ranks of one run stored so far: their ``ranks`` rows and the totals of the run.
+
+    Events wait in ``pending`` (run_id and rank filled in) until ``INSERT_BATCH_ROWS`` rows of the
+    same columns have accumulated; ``flush`` inserts what waits.
+    """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, files: int) -> None:
         self.con, self.run_id, self.files = con, run_id, files
@@ -253,9 +265,11 @@ class _StoredRanks:
         self.process_groups: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.events = self.kernels = self.source_bytes = 0
+        self.pending: list[pa.Table] = []
+        self.pending_rows = 0
 
     def add(self, trace_file: TraceFile, parsed: list[ParsedRank]) -> None:
-        """Insert the events of every rank of one file.
+        """Store the events of every rank of one file (now, or with the next ranks).
 
         Raises:
             RankConflictError: a rank is already held by another file, or cannot be determined.
@@ -268,7 +282,8 @@ class _StoredRanks:
                     "remove the duplicate or ingest them as separate runs"
                 )
             self.owners[rank] = trace_file.path
-            row = _insert_rank_events(self.con, self.run_id, rank, rank_trace)
+            self._queue(_with_ids(rank_trace.events, self.run_id, rank))
+            row = _rank_row(rank, rank_trace)
             self.rows.append({**row, "rank_source": rank_source})
             self.events += row["events"]
             self.kernels += row["kernels"]
@@ -276,6 +291,65 @@ class _StoredRanks:
             self.world_sizes.append(rank_trace.world_size)
             self.process_groups.extend(rank_trace.process_groups)
             self.notes.extend(w for w in rank_trace.metadata.get("warnings", ()) if w not in self.notes)
+
+    def _queue(self, events: pa.Table) -> None:
+        if self.pending and events.schema != self.pending[0].schema:
+            self.flush()
+        self.pending.append(events)
+        self.pending_rows += events.num_rows
+        if self.pending_rows >= INSERT_BATCH_ROWS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Insert the waiting events (one statement) and drop them."""
+        if not self.pending:
+            return
+        table = self.pending[0] if len(self.pending) == 1 else pa.concat_tables(self.pending)
+        self.pending, self.pending_rows = [], 0
+        self.con.register("_tracecal_rank_events", table)
+        try:
+            with _one_thread(self.con):
+                # BY NAME: a parser may leave out columns it never fills; they become NULL.
+                self.con.execute("INSERT INTO events BY NAME SELECT * FROM _tracecal_rank_events")
+        finally:
+            self.con.unregister("_tracecal_rank_events")
+
+
+@contextmanager
+def _one_thread(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """DuckDB on one thread for the duration: inserting an in-memory Arrow table took half the CPU
+    with one thread than with two (measured on dlrm_8rank, 20 k rows: 21 vs 45 ms), the scan being
+    too cheap to share; the previous setting is restored."""
+    threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
+    con.execute("SET threads = 1")
+    try:
+        yield
+    finally:
+        con.execute(f"SET threads = {int(threads)}")
+
+
+def _delete_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Delete the run's rows from every run-keyed table; one query when the run is new (the usual
+    case: a DELETE per table costs about as much as parsing a small rank)."""
+    names = [table.name for table in RUN_TABLES]
+    probe = " UNION ALL ".join(f"(SELECT 1 FROM {name} WHERE run_id = $run_id LIMIT 1)" for name in names)
+    if con.execute(f"SELECT count(*) FROM ({probe})", {"run_id": run_id}).fetchall() == [(0,)]:  # names from schema
+        return
+    for name in names:
+        con.execute(f"DELETE FROM {name} WHERE run_id = ?", [run_id])  # name from schema
+
+
+def _with_ids(events: pa.Table, run_id: str, rank: int) -> pa.Table:
+    """The rank's events with ``run_id`` (dictionary-encoded: one string) and ``rank`` filled in."""
+    n = events.num_rows
+    columns = {
+        "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([run_id])),
+        "rank": pa.array(np.full(n, rank, dtype=np.int32)),
+    }
+    for name, column in columns.items():
+        index = events.schema.get_field_index(name)
+        events = events.set_column(index, name, column) if index >= 0 else events.append_column(name, column)
+    return events
 
 
 def _resolve_rank(trace_file: TraceFile, parsed: ParsedRank, ranks_in_file: int, files: int) -> tuple[int, str]:
@@ -292,21 +366,13 @@ def _resolve_rank(trace_file: TraceFile, parsed: ParsedRank, ranks_in_file: int,
     )
 
 
-def _insert_rank_events(con: duckdb.DuckDBPyConnection, run_id: str, rank: int, parsed: ParsedRank) -> dict[str, Any]:
-    """Append one rank's events (run_id and rank filled in) and return its ``ranks`` row."""
-    table = parsed.events
-    con.register("_tracecal_rank_events", table)
-    try:
-        # BY NAME: a parser may leave out columns it never fills; they become NULL.
-        con.execute(
-            "INSERT INTO events BY NAME "
-            "SELECT * REPLACE (CAST($run_id AS VARCHAR) AS run_id, CAST($rank AS INTEGER) AS rank) "
-            "FROM _tracecal_rank_events",
-            {"run_id": run_id, "rank": rank},
-        )
-    finally:
-        con.unregister("_tracecal_rank_events")
-    kinds = pc.cast(table["kind"], pa.string())
+def _rank_row(rank: int, parsed: ParsedRank) -> dict[str, Any]:
+    """The ``ranks`` row of one parsed rank (without ``run_id`` and ``rank_source``)."""
+    kinds = parsed.events["kind"]
+    if pa.types.is_dictionary(kinds.type):  # count the code, not the decoded strings
+        kernels = sum(_dictionary_count(chunk, "kernel") for chunk in kinds.chunks)
+    else:
+        kernels = pc.sum(pc.equal(kinds, "kernel")).as_py() or 0
     return {
         "rank": rank,
         "file": str(parsed.file),
@@ -316,9 +382,16 @@ def _insert_rank_events(con: duckdb.DuckDBPyConnection, run_id: str, rank: int, 
         "device_name": parsed.device_name,
         "backend": parsed.backend,
         "schema_era": parsed.schema_era,
-        "events": table.num_rows,
-        "kernels": pc.sum(pc.equal(kinds, "kernel")).as_py() or 0,
+        "events": parsed.events.num_rows,
+        "kernels": kernels,
     }
+
+
+def _dictionary_count(chunk: pa.DictionaryArray, value: str) -> int:
+    codes = [i for i, v in enumerate(chunk.dictionary.to_pylist()) if v == value]
+    if not codes:
+        return 0
+    return int(pc.sum(pc.is_in(chunk.indices, pa.array(codes, chunk.indices.type))).as_py() or 0)
 
 
 def _insert_rows(
