@@ -13,6 +13,7 @@ is the median absolute difference between a rank's aligned ends and the instance
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 
@@ -95,37 +96,65 @@ def clock_offsets(collectives: pl.DataFrame, ranks: list[int], iterations: int =
             schema=schema,
         )
     m = collectives.filter(pl.col("match_id").is_not_null()).select("rank", "match_id", "end_ns")
-    # relative to the earliest end: absolute ns (~1.7e18) are beyond float64's exact integers
-    m = m.with_columns((pl.col("end_ns") - pl.col("end_ns").min()).alias("end_ns"))
-    offsets = pl.DataFrame({"rank": ranks, "off": [0.0] * len(ranks)}, schema={"rank": pl.Int32, "off": pl.Float64})
     if m.height == 0:
-        return offsets.select(
+        return pl.DataFrame({"rank": ranks}, schema={"rank": pl.Int32}).select(
             "rank",
             pl.lit(None, dtype=pl.Int64).alias("clock_offset_ns"),
             pl.lit(None, dtype=pl.Int64).alias("clock_residual_ns"),
         )
+    # the refinement in numpy: a dozen small frame operations per round cost more than the arithmetic
+    rank_ids = np.asarray(sorted(set(ranks)), dtype=np.int64)
+    row_rank = np.searchsorted(rank_ids, m.get_column("rank").cast(pl.Int64).to_numpy())
+    match = m.get_column("match_id").cast(pl.Int64).to_numpy()
+    ends = m.get_column("end_ns").cast(pl.Int64).to_numpy()
+    # relative to the earliest end: absolute ns (~1.7e18) are beyond float64's exact integers
+    end = (ends - ends.min()).astype(np.float64)
+    off = np.zeros(len(rank_ids))
     for _ in range(iterations):
-        a = m.join(offsets, on="rank", how="left").with_columns((pl.col("end_ns") + pl.col("off")).alias("aligned"))
-        a = a.with_columns(pl.col("aligned").median().over("match_id").alias("centre"))
-        upd = a.group_by("rank").agg((pl.col("centre") - pl.col("aligned")).median().alias("delta"))
-        offsets = (
-            offsets.join(upd, on="rank", how="left")
-            .with_columns((pl.col("off") + pl.col("delta").fill_null(0.0)).alias("off"))
-            .drop("delta")
-        )
-    seen = m.select(pl.col("rank").unique())
-    base = offsets.filter(pl.col("rank").is_in(seen["rank"].implode())).sort("rank")["off"][0]
-    offsets = offsets.with_columns((pl.col("off") - base).alias("off"))
-    a = m.join(offsets, on="rank", how="left").with_columns((pl.col("end_ns") + pl.col("off")).alias("aligned"))
-    a = a.with_columns(pl.col("aligned").median().over("match_id").alias("centre"))
-    resid = a.group_by("rank").agg((pl.col("aligned") - pl.col("centre")).abs().median().alias("res"))
-    out = offsets.join(resid, on="rank", how="left").with_columns(
-        pl.when(pl.col("rank").is_in(seen["rank"].implode()))
-        .then(pl.col("off").round(0).cast(pl.Int64))
-        .alias("clock_offset_ns"),
+        aligned = end + off[row_rank]
+        centre = _group_median(match, aligned)
+        off = off + np.nan_to_num(_per_group_median(row_rank, centre - aligned, len(rank_ids)))
+    seen = np.unique(row_rank)
+    off = off - off[seen[0]]
+    aligned = end + off[row_rank]
+    resid = _per_group_median(row_rank, np.abs(aligned - _group_median(match, aligned)), len(rank_ids))
+    is_seen = np.zeros(len(rank_ids), dtype=bool)
+    is_seen[seen] = True
+    out = pl.DataFrame(
+        {"rank": rank_ids, "off": off, "res": resid, "seen": is_seen},
+        schema={"rank": pl.Int32, "off": pl.Float64, "res": pl.Float64, "seen": pl.Boolean},
+    ).with_columns(pl.col("res").fill_nan(None))
+    out = out.with_columns(
+        pl.when(pl.col("seen")).then(pl.col("off").round(0).cast(pl.Int64)).alias("clock_offset_ns"),
         pl.col("res").round(0).cast(pl.Int64).alias("clock_residual_ns"),
     )
     return out.select("rank", "clock_offset_ns", "clock_residual_ns").sort("rank")
+
+
+def _group_median(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per row, the median of ``values`` over the rows sharing its key (even counts: the mean of the
+    two middle values, as polars' ``median``)."""
+    order = np.lexsort((values, keys))
+    k, v = keys[order], values[order]
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    sizes = np.diff(np.r_[starts, len(k)])
+    lo, hi = v[starts + (sizes - 1) // 2], v[starts + sizes // 2]
+    med = lo + (hi - lo) * 0.5
+    out = np.empty(len(values))
+    out[order] = np.repeat(med, sizes)
+    return out
+
+
+def _per_group_median(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Median of ``values`` per group number 0..n-1 (NaN for a group without rows)."""
+    out = np.full(n, np.nan)
+    order = np.lexsort((values, groups))
+    g, v = groups[order], values[order]
+    starts = np.flatnonzero(np.r_[True, g[1:] != g[:-1]])
+    sizes = np.diff(np.r_[starts, len(g)])
+    lo, hi = v[starts + (sizes - 1) // 2], v[starts + sizes // 2]
+    out[g[starts]] = lo + (hi - lo) * 0.5
+    return out
 
 
 def apply_offsets(

@@ -32,6 +32,8 @@ OPTIMIZER_SCOPE = (
 BACKWARD_SCOPE = r"(?i)##\s*backward\s*##|_exec_backward_pass|CheckpointFunctionBackward|backward_step|\.backward\b"
 FORWARD_SCOPE = r"(?i)##\s*forward\s*##|_exec_forward_pass|forward_step|\.forward\b|^nn\.Module:"
 _SCOPE_KINDS = ("cpu_op", "user_annotation", "python_function", "nvtx")
+NAME_PATTERNS = (AUTOGRAD, OPTIMIZER_SCOPE, BACKWARD_SCOPE, FORWARD_SCOPE)
+"""The name regexes this module matches (``NameIndex`` matches them together)."""
 
 COMPONENT_ORDER = (
     "compute_bwd",

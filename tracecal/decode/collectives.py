@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import orjson
 import polars as pl
 
+from tracecal.decode import nccl_api
 from tracecal.decode.nccl_api import nccl_api_fields
 from tracecal.decode.nesting import NameIndex, covered, enclosing, names_like
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
@@ -204,6 +205,15 @@ _COLLECTIVE_ARGS = [
 ]
 """Event columns that describe a collective; an instance reads them from itself and from its context."""
 _ATTRS = ["name", *_COLLECTIVE_ARGS]
+NAME_PATTERNS = (
+    COMM_KERNEL,
+    CPU_WORK,
+    *(p for _, _, p in _CONTEXT),
+    *(p for _, p in SCOPE_ROLES),
+    *(p for _, p in _DIRECTIONS),
+    *nccl_api.NAME_PATTERNS,
+)
+"""The name regexes this module (and ``nccl_api``) matches (``NameIndex`` matches them together)."""
 
 
 def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | None) -> pl.DataFrame:
@@ -428,8 +438,8 @@ def rank_collectives(
     """
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
     inst = operators.filter(
-        (on_gpu & (pl.col("kind") == "kernel") & pl.col("name").str.contains(COMM_KERNEL))
-        | (~on_gpu & pl.col("name").str.contains(CPU_WORK))
+        (on_gpu & (pl.col("kind") == "kernel") & names_like(operators, COMM_KERNEL, names))
+        | (~on_gpu & names_like(operators, CPU_WORK, names))
     )
     inst = inst.select(
         "rank",

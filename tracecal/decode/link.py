@@ -39,6 +39,10 @@ METADATA_OPS = (
 """Names of CPU ranges that are the communication work itself (gloo runs it on its own threads)."""
 
 
+NAME_PATTERNS = (PROFILER_STEP, METADATA_OPS, CPU_COMM_WORK)
+"""The name regexes this module matches (``NameIndex`` matches them together)."""
+
+
 UID_SHIFT = 40
 """``uid = rank << 40 | event_id``: one int64 key for an event across the ranks of a batch."""
 
@@ -91,7 +95,9 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
         cpu_fwd_thread_id, link, launch_ns (when the CPU issued the work: the runtime call's start,
         else the CPU operator's start; NULL when unlinked).
     """
-    gpu = events.filter(pl.col("kind").is_in(GPU_KINDS)).select(
+    # two lazy plans around the one sweep: each eager frame operation has a fixed cost
+    lev = events.lazy()
+    gpu = lev.filter(pl.col("kind").is_in(GPU_KINDS)).select(
         "rank",
         "uid",
         "event_id",
@@ -105,7 +111,7 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
         pl.col("external_id").alias("_gpu_ext"),
     )
     runtime = (
-        events.filter(pl.col("kind").is_in(RUNTIME_KINDS) & pl.col("correlation").is_not_null())
+        lev.filter(pl.col("kind").is_in(RUNTIME_KINDS) & pl.col("correlation").is_not_null())
         .sort("uid")
         .unique(subset=["rank", "correlation"], keep="first")
         .select(
@@ -120,10 +126,10 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
             pl.col("external_id").alias("_rt_ext"),
         )
     )
-    ops = gpu.join(runtime, on=["rank", "correlation"], how="left")
-    cpu = _cpu_ops(events, names)
+    ops_lazy = gpu.join(runtime, on=["rank", "correlation"], how="left")
+    cpu_lazy = _cpu_ops(events, names).lazy()
     cpu_by_ext = (
-        cpu.filter(pl.col("external_id").is_not_null() & (pl.col("external_id") != 0))
+        cpu_lazy.filter(pl.col("external_id").is_not_null() & (pl.col("external_id") != 0))
         .sort("uid")
         .unique(subset=["rank", "external_id"], keep="first")
         .select(
@@ -138,7 +144,7 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
     )
     # External id 0 means "none" in Kineto
     ext = pl.coalesce(pl.col("_rt_ext").replace(0, None), pl.col("_gpu_ext").replace(0, None))
-    ops = ops.with_columns(ext.alias("_ext")).join(cpu_by_ext, on=["rank", "_ext"], how="left")
+    ops_lazy = ops_lazy.with_columns(ext.alias("_ext")).join(cpu_by_ext, on=["rank", "_ext"], how="left")
     has_rt = pl.col("runtime_event_id").is_not_null()
     # an External id link is trusted only if the operator encloses the runtime call on its thread
     ext_ok = pl.col("_ext_op").is_not_null() & (
@@ -149,7 +155,8 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
             & (pl.col("runtime_ts_ns") < pl.col("_ext_end"))
         )
     )
-    ops = ops.with_columns(pl.when(ext_ok).then(pl.col("_ext_op")).alias("_ext_op"))
+    ops_lazy = ops_lazy.with_columns(pl.when(ext_ok).then(pl.col("_ext_op")).alias("_ext_op"))
+    ops, cpu = pl.collect_all([ops_lazy, cpu_lazy])
     # time fallback: innermost cpu_op enclosing the runtime call on the same thread
     need = ops.filter(pl.col("_ext_op").is_null() & has_rt).select(
         "rank",
@@ -162,8 +169,8 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
     by_time = enclosing(intervals, need, lane=("rank", "pid", "tid")).select(
         pl.col("qid").alias("uid"), pl.col("id").alias("_time_op")
     )
-    ops = ops.join(by_time, on="uid", how="left")
-    ops = ops.with_columns(
+    out = ops.lazy().join(by_time.lazy(), on="uid", how="left")
+    out = out.with_columns(
         pl.coalesce("_ext_op", "_time_op").alias("cpu_op_event_id"),
         pl.when(pl.col("_ext_op").is_not_null())
         .then(pl.lit("external_id"))
@@ -172,39 +179,43 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
         .otherwise(pl.lit("none"))
         .alias("link"),
     )
-    cpu_cols = cpu.select(
+    cpu_cols = cpu.lazy().select(
         "rank",
         *[pl.col(src).alias(dst) for src, dst in _CPU_COLS.items()],
         pl.col("pid").alias("_op_pid"),
         pl.col("tid").alias("_op_tid"),
     )
-    ops = ops.join(cpu_cols, on=["rank", "cpu_op_event_id"], how="left")
-    ops = ops.with_columns(
+    out = out.join(cpu_cols, on=["rank", "cpu_op_event_id"], how="left")
+    out = out.with_columns(
         pl.coalesce("cpu_pid", "_op_pid").alias("cpu_pid"),
         pl.coalesce("cpu_tid", "_op_tid").alias("cpu_tid"),
         pl.coalesce("runtime_ts_ns", "cpu_op_ts_ns").alias("launch_ns"),
     )
-    return ops.select(
-        "rank",
-        "uid",
-        "event_id",
-        "kind",
-        "name",
-        "ts_ns",
-        "dur_ns",
-        "device",
-        "stream",
-        "correlation",
-        "runtime_event_id",
-        "runtime_name",
-        "runtime_ts_ns",
-        "runtime_dur_ns",
-        "cpu_pid",
-        "cpu_tid",
-        *_CPU_COLS.values(),
-        "link",
-        "launch_ns",
-    ).sort("uid")
+    return (
+        out.select(
+            "rank",
+            "uid",
+            "event_id",
+            "kind",
+            "name",
+            "ts_ns",
+            "dur_ns",
+            "device",
+            "stream",
+            "correlation",
+            "runtime_event_id",
+            "runtime_name",
+            "runtime_ts_ns",
+            "runtime_dur_ns",
+            "cpu_pid",
+            "cpu_tid",
+            *_CPU_COLS.values(),
+            "link",
+            "launch_ns",
+        )
+        .sort("uid")
+        .collect()
+    )
 
 
 def cpu_leaf_operators(events: pl.DataFrame, names: NameIndex | None = None) -> pl.DataFrame:

@@ -25,6 +25,8 @@ NCCL_DATA_CALL = (
 )
 """NCCL API ranges that move data (``tracecal.ingest.nsys_nvtx.NCCL_COLLECTIVES``)."""
 _GROUP = r"^ncclGroup(Start|End)$"
+NAME_PATTERNS = (NCCL_DATA_CALL, _GROUP)
+"""The name regexes this module matches (``NameIndex`` matches them together)."""
 
 FIELDS = {
     "coll_name": pl.Utf8,

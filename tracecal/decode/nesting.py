@@ -19,10 +19,106 @@ round timestamps) yields NULL rather than a wrong parent. Times are int64 ns.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 _END, _START, _ZERO, _QUERY = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class _Sweep:
+    """The boundary/query rows of ``_boundaries`` as numpy arrays, in sweep order.
+
+    ``src`` is the row of ``intervals`` (start, zero-length and end rows) or of ``points`` (query
+    rows) each row comes from; ``lane`` a dense lane number (rows of one lane are contiguous).
+    """
+
+    lane: np.ndarray
+    order: np.ndarray
+    depth: np.ndarray
+    src: np.ndarray
+
+
+def _int_columns(frames: Sequence[pl.DataFrame], col: str) -> np.ndarray | None:
+    """One column of several frames as one int64 array (strings as dense codes); None if it has NULLs."""
+    series = [f.get_column(col) for f in frames]
+    if any(s.null_count() for s in series):
+        return None
+    if all(s.dtype.is_integer() for s in series):
+        return np.concatenate([s.cast(pl.Int64).to_numpy() for s in series])
+    return pl.concat([s.cast(pl.Utf8) for s in series]).rank("dense").cast(pl.Int64).to_numpy()
+
+
+def _np_sweep(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequence[str]) -> _Sweep | None:
+    """``_boundaries`` in numpy: the same rows in the same order; starts of identical intervals
+    (polars leaves their order to its unstable sort) in id order, so the larger id is inside.
+
+    Each polars operation has a fixed cost of a fraction of a millisecond that dominates on the
+    few thousand events of most traces; numpy's is microseconds. None when a lane, time or
+    interval bound is NULL (``_boundaries`` handles those).
+    """
+    frames = [intervals] if points is None else [intervals, points]
+    n_iv = intervals.height
+    n_pt = 0 if points is None else points.height
+    ts = _int_columns([intervals], "ts_ns")
+    end = _int_columns([intervals], "end_ns")
+    t_pt = _int_columns([points], "t") if points is not None else np.zeros(0, dtype=np.int64)
+    lanes = [_int_columns(frames, c) for c in lane]
+    if ts is None or end is None or t_pt is None or any(x is None for x in lanes):
+        return None
+    zero = end <= ts
+    nz = np.flatnonzero(~zero)
+    # rows: starts (every interval), ends (non-zero intervals), queries
+    keys = [np.concatenate([x[:n_iv], x[:n_iv][nz], x[n_iv:]]) for x in lanes if x is not None]
+    t = np.concatenate([ts, end[nz], t_pt])
+    order = np.concatenate([np.where(zero, _ZERO, _START), np.full(len(nz), _END), np.full(n_pt, _QUERY)]).astype(
+        np.int8
+    )
+    neg_dur = np.concatenate([ts - end, np.zeros(len(nz) + n_pt, dtype=np.int64)])
+    delta = np.concatenate([np.where(zero, 0, 1), np.full(len(nz), -1), np.zeros(n_pt, dtype=np.int64)])
+    src = np.concatenate([np.arange(n_iv), nz, np.arange(n_pt)])
+    # identical intervals (profilers round times): the later id (file order) is the inner one
+    ids = intervals.get_column("id")
+    tie = np.zeros(len(src), dtype=np.int64)
+    if ids.dtype.is_integer() and not ids.null_count():
+        tie[:n_iv] = ids.cast(pl.Int64).to_numpy()
+    perm = np.lexsort((tie, neg_dur, order, t, *reversed(keys)))
+    # every interval opens and closes in its lane, so a lane's deltas sum to 0 and one running sum
+    # over the sorted rows is the per-lane depth
+    depth = np.cumsum(delta[perm])
+    if keys:
+        changed = np.zeros(len(perm), dtype=bool)
+        for k in keys:
+            ks = k[perm]
+            changed[1:] |= ks[1:] != ks[:-1]
+        lane_no = np.cumsum(changed)
+    else:
+        lane_no = np.zeros(len(perm), dtype=np.int64)
+    return _Sweep(lane=lane_no, order=order[perm], depth=depth, src=src[perm])
+
+
+def _last_before(sw: _Sweep, rows: np.ndarray, level: np.ndarray, strict: bool) -> np.ndarray | None:
+    """For each sweep row in ``rows``: the sweep row of the last start before it (at or before when
+    not ``strict``) in the same lane whose depth is ``level``; -1 when there is none. None when the
+    combined key would overflow int64."""
+    starts = np.flatnonzero(sw.order == _START)
+    if len(starts) == 0:
+        return np.full(len(rows), -1, dtype=np.int64)
+    width = int(sw.depth.max(initial=0)) + 2
+    span = len(sw.order) + 1
+    if (int(sw.lane.max(initial=0)) + 1) * width * span >= 2**62:
+        return None
+    skey = (sw.lane[starts] * width + sw.depth[starts]) * span + starts
+    sort = np.argsort(skey, kind="stable")
+    skey = skey[sort]
+    qkey = (sw.lane[rows] * width + level) * span + rows
+    at = np.searchsorted(skey, qkey, side="left" if strict else "right") - 1
+    found = at >= 0
+    hit = np.where(found, starts[sort][np.maximum(at, 0)], -1)
+    same = found & (sw.lane[np.maximum(hit, 0)] == sw.lane[rows]) & (sw.depth[np.maximum(hit, 0)] == level)
+    return np.where(same & (level >= 0), hit, -1)
 
 
 def _boundaries(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequence[str]) -> pl.LazyFrame:
@@ -98,6 +194,27 @@ def enclosing(
             {"qid": [], "id": [], "depth": []},
             schema={"qid": pl.Int64, "id": intervals.schema.get("id", pl.Int64), "depth": pl.Int32},
         )
+    sw = _np_sweep(intervals, points, lane)
+    if sw is not None:
+        sel = np.flatnonzero(sw.order == _QUERY)
+        depth = sw.depth[sel]
+        last = _last_before(sw, sel, np.ones_like(depth) if outermost else depth, strict=False)
+        if last is not None and intervals.height:
+            iv = np.where(last >= 0, sw.src[np.maximum(last, 0)], 0)
+            q = sw.src[sel]
+            t = points.get_column("t").cast(pl.Int64).to_numpy()[q]
+            ts = intervals.get_column("ts_ns").cast(pl.Int64).to_numpy()[iv]
+            end = intervals.get_column("end_ns").cast(pl.Int64).to_numpy()[iv]
+            # verify containment: a partial overlap upstream can make the depth bookkeeping lie
+            ok = (last >= 0) & (depth > 0) & (ts <= t) & (t < end)
+            ids = intervals.get_column("id").gather(pl.Series(iv, dtype=pl.Int64))
+            return pl.DataFrame(
+                [
+                    points.get_column("qid").gather(pl.Series(q, dtype=pl.Int64)),
+                    ids.set(pl.Series(~ok), None) if not ok.all() else ids,
+                    pl.Series("depth", depth, dtype=pl.Int32),
+                ]
+            )
     rows = _boundaries(intervals, points, lane)
     starts = rows.filter(pl.col("order") == _START).select(*lane, "pos", pl.col("depth").alias("level"), "id")
     queries = rows.filter(pl.col("order") == _QUERY).select(*lane, "pos", "qid", "depth", "t")
@@ -128,6 +245,15 @@ def covered(intervals: pl.DataFrame, points: pl.DataFrame, *, lane: Sequence[str
         intervals = intervals.with_columns(pl.lit(0, dtype=pl.Int8).alias("_lane"))
         points = points.with_columns(pl.lit(0, dtype=pl.Int8).alias("_lane"))
         lane = ["_lane"]
+    sw = _np_sweep(intervals, points, lane)
+    if sw is not None:
+        sel = np.flatnonzero(sw.order == _QUERY)
+        return pl.DataFrame(
+            [
+                points.get_column("qid").gather(pl.Series(sw.src[sel], dtype=pl.Int64)),
+                pl.Series("count", sw.depth[sel], dtype=pl.Int32),
+            ]
+        )
     rows = _boundaries(intervals, points, lane)
     return rows.filter(pl.col("order") == _QUERY).select("qid", pl.col("depth").alias("count")).collect()
 
@@ -147,6 +273,25 @@ def parents(intervals: pl.DataFrame, *, lane: Sequence[str] = ("tid",)) -> pl.Da
             {"id": [], "parent_id": [], "depth": []},
             schema={"id": intervals.schema.get("id", pl.Int64), "parent_id": pl.Int64, "depth": pl.Int32},
         )
+    sw = _np_sweep(intervals, None, lane)
+    if sw is not None:
+        sel = np.flatnonzero(sw.order != _END)  # starts and zero-length intervals, in sweep order
+        depth = sw.depth[sel] + (sw.order[sel] == _ZERO)
+        last = _last_before(sw, sel, depth - 1, strict=True)
+        if last is not None:
+            own, par = sw.src[sel], np.where(last >= 0, sw.src[np.maximum(last, 0)], 0)
+            ts = intervals.get_column("ts_ns").cast(pl.Int64).to_numpy()
+            end = intervals.get_column("end_ns").cast(pl.Int64).to_numpy()
+            ok = (last >= 0) & (ts[par] <= ts[own]) & (end[own] <= end[par]) & (ts[own] < end[par])
+            ids = intervals.get_column("id")
+            parent = ids.gather(pl.Series(par, dtype=pl.Int64)).alias("parent_id")
+            return pl.DataFrame(
+                [
+                    ids.gather(pl.Series(own, dtype=pl.Int64)),
+                    parent.set(pl.Series(~ok), None) if not ok.all() else parent,
+                    pl.Series("depth", depth, dtype=pl.Int32),
+                ]
+            )
     rows = _boundaries(intervals, None, lane)
     starts = rows.filter(pl.col("order") == _START).select(*lane, "pos", "id", "depth")
     right = starts.select(*lane, "pos", pl.col("depth").alias("level"), pl.col("id").alias("parent_id"))
@@ -176,17 +321,30 @@ class NameIndex:
 
     Traces repeat a few thousand names (some of them kilobyte-long kernel signatures) millions of
     times: matching the distinct names once and testing membership is much cheaper than running a
-    regex, or even a hash, over every row for every pattern.
+    regex, or even a hash, over every row for every pattern. ``patterns`` known up front are matched
+    together in one frame operation on first use (each operation has a fixed cost that dominates on
+    small traces); others one at a time when first asked for.
     """
 
-    def __init__(self, frame: pl.DataFrame) -> None:
+    def __init__(self, frame: pl.DataFrame, patterns: Sequence[str] = ()) -> None:
         self._names = frame.get_column("name").unique()
         self._matches: dict[str, pl.Series] = {}
+        self._pending = list(dict.fromkeys(patterns))
+
+    def _match(self, patterns: list[str]) -> None:
+        flags = self._names.to_frame("name").select(
+            pl.col("name").str.contains(p).alias(f"_{i}") for i, p in enumerate(patterns)
+        )
+        names = self._names.to_list()
+        for i, p in enumerate(patterns):
+            hits = [n for n, hit in zip(names, flags.get_column(f"_{i}").to_list(), strict=True) if hit]
+            self._matches[p] = pl.Series("name", hits, dtype=pl.Utf8)
 
     def like(self, pattern: str) -> pl.Expr:
         """``pl.col("name").str.contains(pattern)`` for frames whose names come from this batch."""
         if pattern not in self._matches:
-            self._matches[pattern] = self._names.filter(self._names.str.contains(pattern))
+            self._match([pattern, *(p for p in self._pending if p != pattern and p not in self._matches)])
+            self._pending = []
         return pl.col("name").is_in(self._matches[pattern].implode())
 
 

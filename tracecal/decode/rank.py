@@ -12,13 +12,24 @@ from dataclasses import dataclass
 
 import polars as pl
 
+from tracecal.decode import classify, collectives, link
 from tracecal.decode.classify import assign_phases, component_expr
 from tracecal.decode.collectives import Layout, rank_collectives
-from tracecal.decode.iterations import assign_iterations, iteration_spans, iteration_windows
+from tracecal.decode.iterations import DEFAULT_MARKER, assign_iterations, iteration_spans, iteration_windows
 from tracecal.decode.link import GPU_KINDS, cpu_leaf_operators, link_gpu_operators, outermost_scope, with_end
 from tracecal.decode.nesting import NameIndex
-from tracecal.decode.shapes import family_expr, shape_features
+from tracecal.decode.shapes import shape_features, with_family
 from tracecal.schema import OPERATORS
+
+DECODE_COLUMNS = (
+    "rank", "event_id", "kind", "name", "ts_ns", "dur_ns", "pid", "tid", "device", "stream", "correlation",
+    "external_id", "sequence_number", "fwd_thread_id", "input_dims", "input_types", "concrete_inputs", "bytes",
+    "coll_name", "in_msg_nelems", "out_msg_nelems", "group_size", "coll_dtype", "pg_name", "pg_ranks", "coll_seq",
+    "src_rank", "dst_rank",
+)  # fmt: skip
+"""The ``events`` columns decoding reads (the others are not needed: reading them back costs time)."""
+NAME_PATTERNS = (*link.NAME_PATTERNS, *classify.NAME_PATTERNS, *collectives.NAME_PATTERNS)
+"""Every name regex of the decode steps, matched together against a batch's distinct names."""
 
 
 @dataclass(frozen=True)
@@ -54,17 +65,17 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
     """Decode the events of one or more ranks (a ``rank`` column tells them apart).
 
     Args:
-        events: rows of ``events`` (``schema.EVENTS`` columns; run_id ignored).
+        events: rows of ``events`` with at least the ``DECODE_COLUMNS`` (run_id and the others ignored).
         layout: the run's parallel layout (for collective roles).
         marker: iteration-marker regex; None means ``ProfilerStep#N``.
 
     Raises:
         TraceFormatError: ``marker`` is not a valid regex.
     """
-    ev = with_end(events)
+    ev = with_end(events.select(DECODE_COLUMNS))
     gpu_ranks = frozenset(ev.filter(pl.col("kind").is_in(GPU_KINDS))["rank"].unique().to_list())
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
-    names = NameIndex(ev)  # every name regex runs once per distinct name of the batch
+    names = NameIndex(ev, [marker or DEFAULT_MARKER, *NAME_PATTERNS])  # each regex once per distinct name
     windows = iteration_windows(ev, marker, names)
     parts = []
     if gpu_ranks:
@@ -76,7 +87,7 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
     ops = outermost_scope(ev, ops, names=names)
     when = ops.select("rank", pl.col("uid").alias("qid"), pl.coalesce("launch_ns", "ts_ns").alias("t"))
     ops = ops.join(assign_iterations(when, windows).rename({"qid": "uid"}), on="uid", how="left")
-    ops = ops.with_columns(family_expr("cpu_op_name", "name", "kind"))
+    ops = with_family(ops)
     ops = assign_phases(ev, ops, names)
     colls = rank_collectives(ev, ops, layout=layout, gpu_ranks=gpu_ranks, names=names)
     ops = ops.join(colls.select("rank", "event_id", "role"), on=["rank", "event_id"], how="left")

@@ -160,6 +160,19 @@ def family_expr(
     return expr.otherwise(pl.lit("other")).alias("family")
 
 
+def with_family(
+    frame: pl.DataFrame, cpu_op_name: str = "cpu_op_name", kernel_name: str = "name", kind: str = "kind"
+) -> pl.DataFrame:
+    """``frame`` plus ``family`` (``family_expr`` of the three columns), keeping the row order.
+
+    The rule runs a few dozen regexes; operators repeat a few hundred (op, kernel, kind) triples, so
+    it runs once per distinct triple and is joined back.
+    """
+    keys = [cpu_op_name, kernel_name, kind]
+    table = frame.select(keys).unique().with_columns(family_expr(*keys))
+    return frame.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
+
+
 # --- shapes ----------------------------------------------------------------------------------------
 
 _DTYPES = {

@@ -1,0 +1,67 @@
+"""The numpy sweep of ``tracecal.decode.nesting`` gives the answers of the polars plan it replaces."""
+
+from __future__ import annotations
+
+from unittest import mock
+
+import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tracecal.decode import nesting
+from tracecal.decode.nesting import covered, enclosing, parents
+
+_IV = {"rank": pl.Int32, "tid": pl.Int64, "id": pl.Int64, "ts_ns": pl.Int64, "end_ns": pl.Int64}
+_PT = {"rank": pl.Int32, "tid": pl.Int64, "qid": pl.Int64, "t": pl.Int64}
+LANE = ("rank", "tid")
+
+
+def _polars(call):  # the reference: the lazy polars plan, as before the numpy sweep
+    with mock.patch.object(nesting, "_np_sweep", lambda *a, **k: None):
+        return call()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    intervals=st.lists(
+        st.tuples(st.integers(0, 1), st.integers(0, 2), st.integers(0, 60), st.integers(0, 15)), max_size=40
+    ),
+    points=st.lists(st.tuples(st.integers(0, 1), st.integers(0, 2), st.integers(-2, 80)), min_size=1, max_size=20),
+)
+def test_numpy_sweep_equals_polars_plan(intervals: list, points: list) -> None:
+    # any overlaps (nested or partial), zero-length intervals; no two identical intervals on a lane
+    # (their order is left to polars' unstable sort, see test_identical_intervals_later_id_inside)
+    unique = list(dict.fromkeys((r, t, s, s + d) for r, t, s, d in intervals))
+    iv = pl.DataFrame([(r, t, i * 3, s, e) for i, (r, t, s, e) in enumerate(unique)], schema=_IV, orient="row")
+    pts = pl.DataFrame([(r, t, q * 7, x) for q, (r, t, x) in enumerate(points)], schema=_PT, orient="row")
+    for outermost in (False, True):
+        fast = enclosing(iv, pts, lane=LANE, outermost=outermost).sort("qid")
+        assert fast.equals(_polars(lambda o=outermost: enclosing(iv, pts, lane=LANE, outermost=o)).sort("qid"))
+    fast = covered(iv, pts, lane=LANE).sort("qid")
+    assert fast.equals(_polars(lambda: covered(iv, pts, lane=LANE)).sort("qid"))
+    if iv.height:
+        fast = parents(iv, lane=LANE).sort("id")
+        assert fast.equals(_polars(lambda: parents(iv, lane=LANE)).sort("id"))
+        assert fast.schema == {"id": pl.Int64, "parent_id": pl.Int64, "depth": pl.Int32}
+
+
+def test_identical_intervals_later_id_inside() -> None:
+    # profilers round times: an operator and the one it calls can have the same start and end
+    iv = pl.DataFrame([(0, 0, 5, 0, 10), (0, 0, 6, 0, 10), (0, 0, 7, 2, 4)], schema=_IV, orient="row")
+    assert dict(parents(iv, lane=LANE).select("id", "parent_id").iter_rows()) == {5: None, 6: 5, 7: 6}
+    pts = pl.DataFrame([(0, 0, 1, 1), (0, 0, 2, 3)], schema=_PT, orient="row")
+    inner = enclosing(iv, pts, lane=LANE).sort("qid")
+    assert inner["id"].to_list() == [6, 7] and inner["depth"].to_list() == [2, 3]
+    assert enclosing(iv, pts, lane=LANE, outermost=True).sort("qid")["id"].to_list() == [5, 5]
+
+
+def test_null_lanes_and_string_lanes() -> None:
+    # a NULL thread: the polars plan answers (NULL never matches a lane); string lanes get dense codes
+    iv = pl.DataFrame(
+        {"tag": ["a", "a", "b"], "tid": [1, None, 1], "id": [1, 2, 3], "ts_ns": [0, 0, 0], "end_ns": [10, 10, 10]}
+    )
+    pts = pl.DataFrame({"tag": ["a", "b", "a"], "tid": [1, 1, None], "qid": [1, 2, 3], "t": [5, 5, 5]})
+    got = enclosing(iv, pts, lane=("tag", "tid")).sort("qid")
+    assert got["id"].to_list() == [1, 3, None]
+    strings_only = enclosing(iv.drop("tid"), pts.drop("tid"), lane=("tag",)).sort("qid")
+    assert strings_only["id"].to_list() == [2, 3, 2] and strings_only["depth"].to_list() == [2, 1, 2]
