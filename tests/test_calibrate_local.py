@@ -15,7 +15,8 @@ import pytest
 from test_calibrate import NCCL, imported
 
 from tracecal.calibrate.estimators import DurationRegressor
-from tracecal.calibrate.features import feature_frame, usable_features
+from tracecal.calibrate.features import feature_frame, informative_phase, usable_features
+from tracecal.calibrate.fitting import GroupKey, fit_group
 from tracecal.calibrate.local import K_GRID, LocalLinear
 from tracecal.calibrate.validation import holdout_split
 from tracecal.errors import CalibrationError
@@ -83,3 +84,38 @@ def test_local_smoother_reaches_the_published_holdout_error(tmp_path: Path) -> N
     model.fit(f[split.train], y[split.train])
     mape = float(np.mean(np.abs(model.predict(f[split.test]) - y[split.test]) / y[split.test]) * 100)
     assert mape < 0.70
+
+
+def _sweep(phase_effect: float) -> tuple[pl.DataFrame, np.ndarray]:
+    """An 8-rank all_reduce sweep in 128 KiB steps, ±``phase_effect`` by position in a 512 KiB step."""
+    size = 20 * 2**20 + 2**17 * np.arange(400)
+    frame = pl.DataFrame({"collective": "all_reduce", "size_bytes": size, "nodes": 2, "gpus_per_node": 4})
+    step = (size // 2**17) % 4
+    noise = np.exp(np.random.default_rng(3).normal(0.0, 0.01, len(size)))
+    y = (20_000.0 + size / 100.0) * np.where(np.isin(step, (0, 3)), 1 + phase_effect, 1 - phase_effect) * noise
+    return feature_frame(frame, "comm"), y
+
+
+def test_chunk_phase_feature_and_its_screening() -> None:
+    f, flat = _sweep(0.0)
+    assert f["chunk_phase"].to_list()[:5] == [0.0, 0.25, 0.5, 0.75, 0.0]  # size mod 512 KiB
+    assert f.height == 400 and not informative_phase(f, flat)
+    _, stepped = _sweep(0.03)  # the Perlmutter 2×4 all_reduce pattern
+    assert informative_phase(f, stepped)
+    # a sweep without sizes has no phase to test
+    assert not informative_phase(f.with_columns(pl.lit(None, pl.Float64).alias("size_bytes")), stepped)
+
+
+@pytest.mark.slow
+def test_fit_group_uses_the_phase_only_where_the_sweep_shows_it(tmp_path: Path) -> None:
+    """allreduce 2 × 4: published hold-out 3.63 %; the phase-aware model must be far below it."""
+    results = {}
+    for name in ("allreduce_fp16_2_4", "allreduce_large_fp16_1_2"):
+        (tmp_path / name).mkdir()
+        rows = imported(tmp_path / name, NCCL, [f"NVIDIAA100-SXM4-80GB_{name}.csv"])
+        key = GroupKey("comm", "fwd", rows["op"][0], f"{rows['nodes'][0]}x{rows['gpus_per_node'][0]}")
+        results[name] = fit_group(key, rows, "perlmutter")
+    stepped, flat = results["allreduce_fp16_2_4"], results["allreduce_large_fp16_1_2"]
+    assert stepped.params is not None and "chunk_phase" in stepped.params["features"]
+    assert stepped.metrics["mape"] < 2.0 and stepped.protocol == "published"
+    assert flat.params is not None and "chunk_phase" not in flat.params["features"]

@@ -26,6 +26,7 @@ from tracecal.calibrate.features import (
     COMM_FAMILY,
     COMPUTE_FAMILIES,
     feature_frame,
+    informative_phase,
     physics_columns,
     usable_features,
 )
@@ -186,6 +187,8 @@ def fit_group(
     y = durations[usable]
     features = feature_frame(data, key.family)
     columns = usable_features(features[split.train])
+    if "chunk_phase" in columns and not informative_phase(features[split.train], y[split.train]):
+        columns.remove("chunk_phase")
     physical = physics_columns(key.family)
     selection = select_model(
         features[split.train],

@@ -68,6 +68,12 @@ def _local_linear(keys: np.ndarray, values: np.ndarray, queries: np.ndarray, pos
     return mean_y - slope * mean_x
 
 
+def leave_one_out(sorted_keys: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
+    """Each row's local-linear fit from its ``k`` nearest *other* rows (keys sorted ascending)."""
+    positions = _neighbours(sorted_keys, sorted_keys, k, np.arange(len(sorted_keys)))
+    return _local_linear(sorted_keys, values, sorted_keys, positions)
+
+
 def _ratio_mape(log_ratio: np.ndarray) -> float:
     """MAPE (%) of predictions ``exp(log_ratio)`` times the measured value, after the best scale."""
     ratio = np.exp(-log_ratio)  # measured / predicted
@@ -105,12 +111,9 @@ class LocalLinear:
         n = len(self.keys_)
         candidates = [self.k] if self.k is not None else [k for k in self.grid if k < n] or [n - 1]
         self.loo_mape_ = {}
-        itself = np.arange(n)
         for k in candidates:
             k = min(int(k), n - 1)
-            positions = _neighbours(self.keys_, self.keys_, k, itself)
-            fitted = _local_linear(self.keys_, self.values_, self.keys_, positions)
-            self.loo_mape_[k] = _ratio_mape(fitted - self.values_)
+            self.loo_mape_[k] = _ratio_mape(leave_one_out(self.keys_, self.values_, k) - self.values_)
         # ties go to the larger neighbourhood (smoother, less variance on unseen keys)
         self.k_ = min(self.loo_mape_, key=lambda k: (self.loo_mape_[k], -k))
         return self
