@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 from collections import Counter
+from dataclasses import replace
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 
@@ -15,6 +17,9 @@ from typer.testing import CliRunner
 from tests.conftest import KINETO
 from tracecal.cli.main import app
 from tracecal.ingest import pool
+from tracecal.ingest.discover import discover_run
+from tracecal.ingest.parse import parse_trace_file
+from tracecal.ingest.trace import ParsedRank
 from tracecal.sql import load
 from tracecal.sql.connection import open_database
 from tracecal.sql.load import IngestOptions, ingest_runs
@@ -161,6 +166,31 @@ def test_parallel_and_serial_ingest_store_the_same_rows(tmp_path: Path, monkeypa
             ingest_runs(con, [KINETO / "sampled_2_of_128"], IngestOptions(workers=workers))
             tables.append(con.execute(query).fetchall())
     assert tables[0] == tables[1]
+
+
+def _parse_and_note_pid(path: Path) -> list[ParsedRank]:
+    return [replace(r, metadata={**r.metadata, "parsed_by": os.getpid()}) for r in parse_trace_file(path)]
+
+
+def test_started_pool_parses_in_this_process_and_a_forked_helper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ParserPool(2).start()`` forks one helper (it inherits this module's patch); the run's files
+    are shared between the helper and this process, and the stored rows equal a one-worker ingest."""
+    monkeypatch.setattr(pool, "parse_trace_file", _parse_and_note_pid)
+    run = KINETO / "dlrm_8rank"
+    with pool.ParserPool(2).start() as parsers:
+        files = discover_run(run).files
+        parsed = [r for _, ranks in parsers.parse(files, "raise", []) for r in ranks]
+        assert len(parsed) == 8
+        assert len({r.metadata["parsed_by"] for r in parsed}) == 2
+        assert os.getpid() in {r.metadata["parsed_by"] for r in parsed}
+        with open_database(tmp_path / "forked.duckdb") as con:
+            ingest_runs(con, [run], IngestOptions(workers=2), pool=parsers)
+            forked = con.execute("SELECT * FROM events ORDER BY rank, event_id").fetchall()
+    with open_database(tmp_path / "serial.duckdb") as con:
+        ingest_runs(con, [run], IngestOptions(workers=1))
+        assert con.execute("SELECT * FROM events ORDER BY rank, event_id").fetchall() == forked
 
 
 def test_2021_schema_fields(shared_db: Path) -> None:

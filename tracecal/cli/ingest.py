@@ -14,6 +14,7 @@ from tracecal.cli.common import DbOption, progress_bar, stderr, stdout, user_err
 from tracecal.config import Settings
 from tracecal.errors import TracecalError
 from tracecal.ingest.discover import ParallelLayout
+from tracecal.ingest.pool import ParserPool
 from tracecal.sql.connection import open_database
 from tracecal.sql.decoding import DecodeSummary
 from tracecal.sql.load import IngestOptions, IngestReport, Progress, ingest_runs
@@ -57,7 +58,10 @@ def ingest(
             layout=flags,
         )
         settings = Settings.resolve(db)
-        with progress_bar() as bar, open_database(settings.db_path) as con:
+        pool = ParserPool(workers)
+        if len(runs) > 1 or any(r.is_dir() for r in runs):
+            pool.start()  # fork the helper parsers now: no DuckDB connection (or its threads) exists yet
+        with pool, progress_bar() as bar, open_database(settings.db_path) as con:
             tasks: dict[str, object] = {}
 
             def on_progress(update: Progress) -> None:
@@ -66,7 +70,7 @@ def ingest(
                     task = tasks[update.run_id] = bar.add_task(update.run_id, total=update.files_total)
                 bar.update(task, completed=update.files_done)  # type: ignore[arg-type]
 
-            report = ingest_runs(con, runs, options, progress=on_progress)
+            report = ingest_runs(con, runs, options, progress=on_progress, pool=pool)
         _print_report(report, settings.db_path)
 
 

@@ -1,14 +1,32 @@
-"""Parsing trace files in worker processes, at most one file per worker in flight.
+"""Parsing trace files in parallel: the calling process and ``workers - 1`` helper processes, each with
+at most one file in flight.
 
-``ParserPool`` is created once per ingest and shared by its runs; its worker processes start on the
-first run with several files. Results come back in completion order, so the caller can store each
-rank as soon as it is parsed and drop it: neither a worker nor the caller ever holds a whole run.
+``ParserPool`` is created once per ingest and shared by its runs. Results come back in completion
+order, so the caller can store each rank as soon as it is parsed and drop it: neither a helper nor
+the caller ever holds a whole run.
+
+Helpers are started one of two ways:
+
+- ``ParserPool(n).start()`` *before any DuckDB connection is opened in this process* (what
+  ``trace-ingest`` does) forks them at once from the caller (``fork``: the helpers inherit every
+  imported module and start in milliseconds, so even a run of a few 1 MB ranks is worth splitting).
+  Forking is only safe while the process has no DuckDB threads: a thread that holds a lock at the
+  moment of the fork leaves it locked forever in the child. The library threads that do exist then
+  (the numpy/OpenBLAS, Arrow and polars pools) are idle, and the helpers only run the parsers
+  (msgspec, pyarrow, numpy), never DuckDB or polars; Arrow and glibc malloc re-initialise their
+  locks in a forked child. The pool forks all helpers on that one call and never again.
+- otherwise (a library caller that already holds a connection) helpers come from a ``forkserver``
+  on first need, which costs about a second of CPU to import the parser there: only runs of at
+  least ``PARALLEL_MIN_BYTES`` use them.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
-from collections.abc import Iterator, Sequence
+import os
+import threading
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -23,11 +41,12 @@ from tracecal.ingest.trace import ParsedRank
 OnError = Literal["raise", "skip"]
 
 PARALLEL_MIN_BYTES = 64 * 2**20
-"""Below this much uncompressed trace in a run, files are parsed in the calling process: starting the
-worker processes (about a second of CPU) would cost more than parsing (~50 MB of JSON per CPU second)."""
+"""Below this much uncompressed trace in a run, a pool without forked helpers parses in the calling
+process: starting fork-server helpers (about a second of CPU) would cost more than parsing (~50 MB of
+JSON per CPU second). Forked helpers (``ParserPool.start``) are used for any run of several files."""
 
 _PRELOAD = ["tracecal.ingest.kineto", "pandas"]
-"""Imported once in the fork server, so workers forked from it start warm. pandas: pyarrow imports
+"""Imported once in the fork server, so helpers forked from it start warm. pandas: pyarrow imports
 it on its first ``pa.array()`` of Python objects (0.3 s of CPU) when it is installed."""
 
 
@@ -40,13 +59,14 @@ class Skipped:
 
 
 class ParserPool:
-    """Up to ``workers`` parser processes (``forkserver``: the caller holds a DuckDB connection and
-    its threads, which a forked child must not inherit). ``workers <= 1``, a single file, or less than
-    ``PARALLEL_MIN_BYTES`` of trace parse in this process."""
+    """``workers`` parsers: this process and ``workers - 1`` helper processes. ``workers <= 1`` or a
+    single file parse here only; so do runs under ``PARALLEL_MIN_BYTES`` unless ``start`` forked the
+    helpers."""
 
     def __init__(self, workers: int) -> None:
         self.workers = max(1, workers)
         self._executor: ProcessPoolExecutor | None = None
+        self._forked = False
 
     def __enter__(self) -> ParserPool:
         return self
@@ -56,6 +76,24 @@ class ParserPool:
             self._executor.shutdown(wait=True, cancel_futures=True)
             self._executor = None
 
+    def start(self) -> ParserPool:
+        """Fork the helper processes now; call it before opening any DuckDB connection in this
+        process (see the module docstring). No-op for one worker or on a platform without fork."""
+        if self.workers > 1 and self._executor is None and "fork" in multiprocessing.get_all_start_methods():
+            self._executor = ProcessPoolExecutor(
+                max_workers=self.workers - 1, mp_context=multiprocessing.get_context("fork")
+            )
+            # The fork context launches every helper on the first submit, from this thread, before
+            # the executor starts its own threads. gc.freeze: a helper's garbage collections then
+            # skip the inherited objects instead of writing to (and so copying) every page of them.
+            gc.freeze()
+            try:
+                self._executor.submit(os.getpid).result()
+            finally:
+                gc.unfreeze()
+            self._forked = True
+        return self
+
     def parse(
         self, files: Sequence[TraceFile], on_error: OnError, skipped: list[Skipped]
     ) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
@@ -64,13 +102,14 @@ class ParserPool:
 
         Raises:
             TracecalError: the first bad file's error under ``raise``.
-            WorkerError: a worker process died (killed for memory, crashed).
+            WorkerError: a helper process died (killed for memory, crashed).
         """
-        if self.workers == 1 or len(files) == 1 or sum(f.content_bytes for f in files) < PARALLEL_MIN_BYTES:
+        small = sum(f.content_bytes for f in files) < PARALLEL_MIN_BYTES and not self._forked
+        if self.workers == 1 or len(files) == 1 or small:
             for trace_file in files:
                 yield trace_file, self._parse_here(trace_file, on_error, skipped)
             return
-        yield from self._parse_in_workers(files, on_error, skipped)
+        yield from self._parse_shared(files, on_error, skipped)
 
     @staticmethod
     def _parse_here(trace_file: TraceFile, on_error: OnError, skipped: list[Skipped]) -> list[ParsedRank]:
@@ -86,44 +125,74 @@ class ParserPool:
         if self._executor is None:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(_PRELOAD)
-            self._executor = ProcessPoolExecutor(max_workers=self.workers, mp_context=context)
+            self._executor = ProcessPoolExecutor(max_workers=self.workers - 1, mp_context=context)
         return self._executor
 
-    def _parse_in_workers(
+    def _parse_shared(
         self, files: Sequence[TraceFile], on_error: OnError, skipped: list[Skipped]
     ) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
+        """Helpers and this process take files from one queue. A helper gets its next file the moment
+        it finishes one (a callback on the executor's thread), so it never waits for this process;
+        this process yields its own file and every helper result that is ready between two of its
+        files, then waits for the rest."""
         pool = self._pool()
         queue = iter(files)
+        lock = threading.Lock()  # the queue and in_flight are shared with the executor's thread
         in_flight: dict[Future[list[ParsedRank]], TraceFile] = {}
+        stopping = False
 
-        def submit_next() -> None:
-            trace_file = next(queue, None)
-            if trace_file is not None:
-                in_flight[pool.submit(parse_trace_file, trace_file.path)] = trace_file
+        def take() -> TraceFile | None:
+            with lock:
+                return None if stopping else next(queue, None)
 
-        # At most one file per worker in flight: a parsed rank waits for the caller, not in a queue.
-        for _ in range(self.workers):
-            submit_next()
-        try:
-            while in_flight:
-                finished, _ = wait(in_flight, return_when=FIRST_COMPLETED)
-                for future in finished:
+        def submit(trace_file: TraceFile | None) -> None:
+            if trace_file is None:
+                return
+            future = pool.submit(parse_trace_file, trace_file.path)
+            with lock:
+                in_flight[future] = trace_file
+            future.add_done_callback(lambda done: None if done.cancelled() else submit(take()))
+
+        def ready() -> list[Future[list[ParsedRank]]]:
+            with lock:
+                return [f for f in in_flight if f.done()]
+
+        def collect(finished: Iterable[Future[list[ParsedRank]]]) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
+            for future in finished:
+                with lock:
                     trace_file = in_flight.pop(future)
-                    try:
-                        parsed = future.result()
-                    except BrokenProcessPool as exc:
-                        raise WorkerError(
-                            f"{trace_file.path}: a parser process died (out of memory?); retry with fewer --workers"
-                        ) from exc
-                    except TracecalError as exc:
-                        if on_error == "raise":
-                            raise
-                        skipped.append(Skipped(trace_file.path, str(exc)))
-                        parsed = []
-                    submit_next()
-                    yield trace_file, parsed
-                    del parsed
+                try:
+                    parsed = future.result()
+                except BrokenProcessPool as exc:
+                    raise WorkerError(
+                        f"{trace_file.path}: a parser process died (out of memory?); retry with fewer --workers"
+                    ) from exc
+                except TracecalError as exc:
+                    if on_error == "raise":
+                        raise
+                    skipped.append(Skipped(trace_file.path, str(exc)))
+                    parsed = []
+                yield trace_file, parsed
+                del parsed
+
+        # At most one file per parser in flight, and one parsed rank per helper waiting to be taken.
+        for _ in range(self.workers - 1):
+            submit(take())
+        try:
+            while (own := take()) is not None:
+                yield own, self._parse_here(own, on_error, skipped)
+                yield from collect(ready())
+            while True:
+                with lock:
+                    pending = list(in_flight)
+                if not pending:
+                    break
+                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
+                yield from collect(finished)
         except BaseException:
-            for future in in_flight:  # stop queued work; the pool itself is shut down on exit
+            with lock:
+                stopping = True  # no helper takes another file
+                running = list(in_flight)
+            for future in running:  # stop queued work; the pool itself is shut down on exit
                 future.cancel()
             raise

@@ -14,7 +14,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -48,8 +48,9 @@ class IngestOptions:
 
     Attributes:
         run_id: id of the run; only with a single run directory (default: the directory name).
-        workers: parser processes; 1 parses in the calling process (no start-up cost), as do runs
-            under ``tracecal.ingest.pool.PARALLEL_MIN_BYTES`` of trace whatever the value.
+        workers: parsers: the calling process and ``workers - 1`` helper processes; 1 parses in the
+            calling process only, as do runs under ``tracecal.ingest.pool.PARALLEL_MIN_BYTES`` of
+            trace unless the caller passes a started pool to ``ingest_runs``.
         on_error: ``raise`` stops at the first bad file (the run is rolled back); ``skip`` leaves
             the file (or a run whose every file failed) out and reports it.
         cluster: cluster the run was taken on, stored in ``runs.cluster``.
@@ -125,10 +126,14 @@ def ingest_runs(
     run_dirs: Sequence[Path],
     options: IngestOptions | None = None,
     progress: ProgressCallback | None = None,
+    pool: ParserPool | None = None,
 ) -> IngestReport:
     """Ingest each run directory into the database, one transaction per run.
 
     All runs are discovered before anything is written, so a bad path fails before any change.
+    ``pool``: parsers the caller started before opening ``con`` (``ParserPool(n).start()``, cheap
+    forked helpers; ``options.workers`` is then ignored); by default a pool of ``options.workers`` is
+    made here, whose helpers come from a fork server (see ``tracecal.ingest.pool``).
 
     Raises:
         InputNotFoundError: a path does not exist, is empty, or holds no trace files
@@ -159,10 +164,10 @@ def ingest_runs(
             )
         discovered.append((run_id, run))
     reports = []
-    with ParserPool(options.workers) as pool:
+    with ParserPool(options.workers) if pool is None else nullcontext(pool) as parsers:
         for run_id, run in discovered:
             try:
-                reports.append(_ingest_run(con, run_id, run, options, pool, progress))
+                reports.append(_ingest_run(con, run_id, run, options, parsers, progress))
             except _NothingLeft as exc:
                 if options.on_error == "raise":
                     raise
