@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracecal.decode.nesting import NameIndex, covered, names_like
+from tracecal.decode.nesting import ENGINE, NameIndex, covered, names_like
 
 AUTOGRAD = r"Backward\d*\b|Backward\d*$|autograd::engine::evaluate_function"
 OPTIMIZER_SCOPE = (
@@ -51,44 +51,52 @@ COMPONENT_ORDER = (
 attributed to the first (so exposed communication is what remains visible beside compute)."""
 
 
-def _evidence(events: pl.DataFrame, pts: pl.DataFrame, names: NameIndex | None) -> pl.DataFrame:
+def _evidence(events: pl.DataFrame, pts: pl.DataFrame, names: NameIndex | None) -> pl.LazyFrame:
     """Per launch point, whether each kind of evidence covers it, in one sweep.
 
     Autograd nodes count on the launching thread only; framework scopes on any thread of the process
     (the backward pass runs on its own thread under a ``## backward ##`` scope of the main thread).
     Each evidence set is its own lane (``tag``), so one sort answers all four questions.
     """
-    scopes = events.filter(pl.col("kind").is_in(_SCOPE_KINDS))
+    lev = events.lazy()  # lazy plans, one collect before and one after the sweep
+    scopes = lev.filter(pl.col("kind").is_in(_SCOPE_KINDS))
     sets = [
-        ("_autograd", events.filter((pl.col("kind") == "cpu_op") & names_like(events, AUTOGRAD, names)), True),
+        ("_autograd", lev.filter((pl.col("kind") == "cpu_op") & names_like(events, AUTOGRAD, names)), True),
         ("_opt", scopes.filter(names_like(events, OPTIMIZER_SCOPE, names)), False),
         ("_bwd", scopes.filter(names_like(events, BACKWARD_SCOPE, names)), False),
         ("_fwd", scopes.filter(names_like(events, FORWARD_SCOPE, names)), False),
     ]
     iv_parts, pt_parts = [], []
-    for tag, frame, per_thread in sets:
+    pts_lazy = pts.lazy()
+    for i, (_, frame, per_thread) in enumerate(sets):  # lane ``tag``: the set's index (integers sort fast)
+        tag = pl.lit(i, dtype=pl.Int8)
         ivt = pl.col("tid") if per_thread else pl.lit(-1, dtype=pl.Int64)
         iv_parts.append(
             frame.select(
                 "rank",
                 "pid",
                 ivt.cast(pl.Int64).alias("lane_tid"),
-                pl.lit(tag).alias("tag"),
+                tag.alias("tag"),
                 pl.col("uid").alias("id"),
                 "ts_ns",
                 "end_ns",
             )
         )
         pt_parts.append(
-            pts.select("rank", "pid", ivt.cast(pl.Int64).alias("lane_tid"), pl.lit(tag).alias("tag"), "qid", "t")
+            pts_lazy.select("rank", "pid", ivt.cast(pl.Int64).alias("lane_tid"), tag.alias("tag"), "qid", "t")
         )
-    iv = pl.concat(iv_parts, how="vertical_relaxed")
-    allpts = pl.concat(pt_parts, how="vertical_relaxed").with_row_index("_q").with_columns(pl.col("_q").cast(pl.Int64))
+    iv, allpts = pl.collect_all(
+        [
+            pl.concat(iv_parts, how="vertical_relaxed"),
+            pl.concat(pt_parts, how="vertical_relaxed").with_row_index("_q").with_columns(pl.col("_q").cast(pl.Int64)),
+        ],
+        engine=ENGINE,
+    )
     lane = ("rank", "pid", "lane_tid", "tag")
     cov = covered(iv, allpts.select(*lane, pl.col("_q").alias("qid"), "t"), lane=lane)
-    joined = allpts.join(cov.rename({"qid": "_q"}), on="_q", how="left")
+    joined = allpts.lazy().join(cov.lazy().rename({"qid": "_q"}), on="_q", how="left")
     return joined.group_by("qid").agg(
-        *[((pl.col("count") > 0) & (pl.col("tag") == tag)).any().alias(tag) for tag, _, _ in sets]
+        *[((pl.col("count") > 0) & (pl.col("tag") == i)).any().alias(name) for i, (name, _, _) in enumerate(sets)]
     )
 
 
@@ -107,7 +115,7 @@ def assign_phases(events: pl.DataFrame, operators: pl.DataFrame, names: NameInde
         pl.col("uid").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )
-    out = operators.join(_evidence(events, pts, names).rename({"qid": "uid"}), on="uid", how="left")
+    out = operators.lazy().join(_evidence(events, pts, names).rename({"qid": "uid"}), on="uid", how="left")
     autograd = (
         pl.col("_autograd").fill_null(False)
         | pl.col("cpu_op_name").fill_null("").str.contains(AUTOGRAD)
@@ -154,7 +162,7 @@ def assign_phases(events: pl.DataFrame, operators: pl.DataFrame, names: NameInde
         pl.coalesce("phase", positional).alias("phase"),
         pl.col("phase_evidence").fill_null(pl.lit("position")),
     )
-    return out.drop("_autograd", "_opt", "_bwd", "_fwd", "_first_bwd", "_last_bwd")
+    return out.drop("_autograd", "_opt", "_bwd", "_fwd", "_first_bwd", "_last_bwd").collect(engine=ENGINE)
 
 
 def component_expr() -> pl.Expr:

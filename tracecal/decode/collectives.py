@@ -25,7 +25,7 @@ import polars as pl
 
 from tracecal.decode import nccl_api
 from tracecal.decode.nccl_api import nccl_api_fields
-from tracecal.decode.nesting import NameIndex, covered, enclosing, names_like
+from tracecal.decode.nesting import ENGINE, NameIndex, covered, enclosing, names_like
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
 
 COMM_KERNEL = r"(?i)^(nccl|rccl)\w*Kernel|^ncclDevKernel|^ncclKernel"
@@ -227,27 +227,32 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | 
         pl.col("uid").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )
-    for tag, kind, pattern in _CONTEXT:
-        src = events.filter((pl.col("kind") == kind) & names_like(events, pattern, names))
-        iv_parts.append(
-            src.select("rank", "pid", "tid", pl.lit(tag).alias("tag"), pl.col("uid").alias("id"), "ts_ns", "end_ns")
-        )
-        pt_parts.append(pts.with_columns(pl.lit(tag).alias("tag")))
-    allpts = pl.concat(pt_parts).with_row_index("_q").with_columns(pl.col("_q").cast(pl.Int64))
-    lane = ("rank", "pid", "tid", "tag")
-    hit = enclosing(
-        pl.concat(iv_parts, how="vertical_relaxed"), allpts.select(*lane, pl.col("_q").alias("qid"), "t"), lane=lane
+    lev, pts_lazy = events.lazy(), pts.lazy()  # lazy plans, one collect before and one after the sweep
+    for i, (_, kind, pattern) in enumerate(_CONTEXT):  # lane ``tag``: the context's index (an integer sorts fast)
+        src = lev.filter((pl.col("kind") == kind) & names_like(events, pattern, names))
+        lane_tag = pl.lit(i, dtype=pl.Int8).alias("tag")
+        iv_parts.append(src.select("rank", "pid", "tid", lane_tag, pl.col("uid").alias("id"), "ts_ns", "end_ns"))
+        pt_parts.append(pts_lazy.with_columns(lane_tag))
+    iv, allpts = pl.collect_all(
+        [
+            pl.concat(iv_parts, how="vertical_relaxed"),
+            pl.concat(pt_parts).with_row_index("_q").with_columns(pl.col("_q").cast(pl.Int64)),
+        ],
+        engine=ENGINE,
     )
-    hit = allpts.select("_q", "qid", "tag").join(hit.rename({"qid": "_q"}), on="_q", how="left")
-    attrs = events.select(pl.col("uid").alias("id"), *_ATTRS)
-    hit = hit.join(attrs, on="id", how="left")
-    out = inst.select("uid")
-    for tag, _, _ in _CONTEXT:
-        part = hit.filter(pl.col("tag") == tag).select(
-            pl.col("qid").alias("uid"), *[pl.col(c).alias(tag + c) for c in _ATTRS]
+    lane = ("rank", "pid", "tid", "tag")
+    found = enclosing(iv, allpts.select(*lane, pl.col("_q").alias("qid"), "t"), lane=lane)
+    hit = allpts.lazy().select("_q", "qid", "tag").join(found.lazy().rename({"qid": "_q"}), on="_q", how="left")
+    # the few enclosing rows first: a join against all events would hash all of them
+    attrs = lev.join(found.lazy().select(pl.col("id").alias("uid")), on="uid", how="semi")
+    hit = hit.join(attrs.select(pl.col("uid").alias("id"), *_ATTRS), on="id", how="left")
+    out = inst.lazy().select("uid")
+    for i, (prefix, _, _) in enumerate(_CONTEXT):
+        part = hit.filter(pl.col("tag") == i).select(
+            pl.col("qid").alias("uid"), *[pl.col(c).alias(prefix + c) for c in _ATTRS]
         )
         out = out.join(part, on="uid", how="left")
-    return out
+    return out.collect(engine=ENGINE)
 
 
 def layout_group(rank: int, role: str, layout: Layout) -> list[int] | None:
@@ -350,7 +355,7 @@ def _link_cpu_work(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
 def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | None) -> pl.DataFrame:
     """Per instance: the first role of ``SCOPE_ROLES`` whose scope encloses the launch on its thread
     (``scope_role``), and the pipeline direction (``_next`` / ``_prev`` booleans)."""
-    scopes = events.filter(pl.col("kind").is_in(["cpu_op", "user_annotation", "python_function", "nvtx"]))
+    scopes = events.lazy().filter(pl.col("kind").is_in(["cpu_op", "user_annotation", "python_function", "nvtx"]))
     sets = [*SCOPE_ROLES, *_DIRECTIONS]
     pts = inst.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
         "rank",
@@ -359,36 +364,48 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
         pl.col("uid").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )
-    iv = pl.concat(
+    # lane ``tag``: the set's index in ``sets`` (an integer sorts fast; roles come first, in priority order)
+    iv_lazy = pl.concat(
         [
             scopes.filter(names_like(events, pat, names)).select(
-                "rank", "pid", "tid", pl.lit(tag).alias("tag"), pl.col("uid").alias("id"), "ts_ns", "end_ns"
+                "rank",
+                "pid",
+                "tid",
+                pl.lit(i, dtype=pl.Int8).alias("tag"),
+                pl.col("uid").alias("id"),
+                "ts_ns",
+                "end_ns",
             )
-            for tag, pat in sets
+            for i, (_, pat) in enumerate(sets)
         ],
         how="vertical_relaxed",
     )
-    allpts = pl.concat([pts.with_columns(pl.lit(tag).alias("tag")) for tag, _ in sets]).with_row_index("_q")
-    allpts = allpts.with_columns(pl.col("_q").cast(pl.Int64))
+    pts_lazy = pts.lazy()
+    pts_lazy = pl.concat(
+        [pts_lazy.with_columns(pl.lit(i, dtype=pl.Int8).alias("tag")) for i in range(len(sets))]
+    ).with_row_index("_q")
+    iv, allpts = pl.collect_all([iv_lazy, pts_lazy.with_columns(pl.col("_q").cast(pl.Int64))], engine=ENGINE)
     lane = ("rank", "pid", "tid", "tag")
     cov = covered(iv, allpts.select(*lane, pl.col("_q").alias("qid"), "t"), lane=lane)
-    hit = allpts.join(cov.rename({"qid": "_q"}), on="_q", how="left").filter(pl.col("count") > 0)
-    role_order = {tag: i for i, (tag, _) in enumerate(SCOPE_ROLES)}
+    hit = allpts.lazy().join(cov.lazy().rename({"qid": "_q"}), on="_q", how="left").filter(pl.col("count") > 0)
+    role_of = {i: role for i, (role, _) in enumerate(SCOPE_ROLES)}
     roles = (
-        hit.filter(pl.col("tag").is_in(list(role_order)))
-        .with_columns(pl.col("tag").replace_strict(role_order, return_dtype=pl.Int32).alias("_o"))
-        .sort("_o")
+        hit.filter(pl.col("tag") < len(SCOPE_ROLES))
+        .sort("tag")
         .group_by("qid")
-        .agg(pl.col("tag").first().alias("scope_role"))
+        .agg(pl.col("tag").first().replace_strict(role_of, return_dtype=pl.Utf8).alias("scope_role"))
     )
+    nxt, prv = len(SCOPE_ROLES), len(SCOPE_ROLES) + 1  # _DIRECTIONS: _next, then _prev
     dirs = hit.group_by("qid").agg(
-        (pl.col("tag") == "_next").any().alias("_next"), (pl.col("tag") == "_prev").any().alias("_prev")
+        (pl.col("tag") == nxt).any().alias("_next"), (pl.col("tag") == prv).any().alias("_prev")
     )
     return (
-        inst.select(pl.col("uid").alias("qid"))
+        inst.lazy()
+        .select(pl.col("uid").alias("qid"))
         .join(roles, on="qid", how="left")
         .join(dirs, on="qid", how="left")
         .rename({"qid": "uid"})
+        .collect(engine=ENGINE)
     )
 
 
@@ -460,19 +477,25 @@ def rank_collectives(
         return _empty_collectives()
     if inst.filter(~on_gpu).height:
         inst = pl.concat([inst.filter(on_gpu), _link_cpu_work(events, inst.filter(~on_gpu))], how="vertical_relaxed")
-    own = events.select("uid", *[pl.col(c).alias("k_" + c) for c in _COLLECTIVE_ARGS])
-    inst = inst.join(own, on="uid", how="left")
-    inst = inst.join(_context_attrs(events, inst, names), on="uid", how="left")
+    context = _context_attrs(events, inst, names)
+    scope = _scope_evidence(events, inst, names)
+    nccl = nccl_api_fields(events, inst, names)
+    # the instances' own args: the few rows first (a join against all events hashes all events)
+    own = (
+        events.lazy()
+        .join(inst.lazy().select("uid"), on="uid", how="semi")
+        .select("uid", *[pl.col(c).alias("k_" + c) for c in _COLLECTIVE_ARGS])
+    )
+    lazy = inst.lazy().join(own, on="uid", how="left").join(context.lazy(), on="uid", how="left")
     # a gloo range is its own annotation: the one enclosing its call is another instance (an async
     # send still running when the next recv is called)
-    inst = inst.with_columns(pl.when(on_gpu).then(pl.col(c)).alias(c) for c in inst.columns if c.startswith("a_"))
-    inst = inst.join(_scope_evidence(events, inst, names), on="uid", how="left")
-    inst = inst.join(nccl_api_fields(events, inst, names), on="uid", how="left")
+    lazy = lazy.with_columns(pl.when(on_gpu).then(pl.col("a_" + c)).alias("a_" + c) for c in _ATTRS)
+    lazy = lazy.join(scope.lazy(), on="uid", how="left").join(nccl.lazy(), on="uid", how="left")
 
     def first(field: str, prefixes: str = "kra") -> pl.Expr:
         return pl.coalesce([pl.col(p + "_" + field) for p in prefixes])
 
-    rows = inst.with_columns(
+    rows = lazy.with_columns(
         first("in_msg_nelems").alias("_in"),
         first("out_msg_nelems").alias("_out"),
         first("group_size", "krna").alias("_gsize"),
@@ -485,7 +508,7 @@ def rank_collectives(
         first("dst_rank", "krna").alias("_dst"),
         pl.coalesce(pl.col("k_input_dims"), pl.col("a_input_dims"), pl.col("r_input_dims")).alias("_dims"),
         pl.coalesce(pl.col("k_input_types"), pl.col("a_input_types"), pl.col("r_input_types")).alias("_types"),
-    )
+    ).collect(engine=ENGINE)
     records = []
     for r in rows.iter_rows(named=True):
         rank = r["rank"]

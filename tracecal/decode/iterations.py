@@ -67,6 +67,7 @@ def iteration_windows(events: pl.DataFrame, marker: str | None = None, names: Na
         compiled = re.compile(pattern)
     except re.error as exc:
         raise TraceFormatError(f"--iteration-marker {pattern!r} is not a valid regex: {exc}") from exc
+    events = events.select("rank", "event_id", "kind", "name", "ts_ns", "end_ns")  # filters copy fewer columns
     cands = events.filter(pl.col("kind").is_in(_MARKER_KINDS) & names_like(events, pattern, names)).sort(
         "rank", "ts_ns", "event_id"
     )

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracecal.decode.nesting import NameIndex, enclosing, names_like, parents
+from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, names_like, parents
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
 RUNTIME_KINDS = ("cuda_runtime", "cuda_driver")
@@ -59,8 +59,8 @@ def with_end(events: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def _cpu_ops(events: pl.DataFrame, names: NameIndex | None = None) -> pl.DataFrame:
-    return events.filter((pl.col("kind") == "cpu_op") & ~names_like(events, PROFILER_STEP, names))
+def _cpu_ops(events: pl.DataFrame, names: NameIndex | None = None) -> pl.LazyFrame:
+    return events.lazy().filter((pl.col("kind") == "cpu_op") & ~names_like(events, PROFILER_STEP, names))
 
 
 def has_gpu_activity(events: pl.DataFrame) -> bool:
@@ -127,7 +127,7 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
         )
     )
     ops_lazy = gpu.join(runtime, on=["rank", "correlation"], how="left")
-    cpu_lazy = _cpu_ops(events, names).lazy()
+    cpu_lazy = _cpu_ops(events, names)
     cpu_by_ext = (
         cpu_lazy.filter(pl.col("external_id").is_not_null() & (pl.col("external_id") != 0))
         .sort("uid")
@@ -156,7 +156,7 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
         )
     )
     ops_lazy = ops_lazy.with_columns(pl.when(ext_ok).then(pl.col("_ext_op")).alias("_ext_op"))
-    ops, cpu = pl.collect_all([ops_lazy, cpu_lazy])
+    ops, cpu = pl.collect_all([ops_lazy, cpu_lazy], engine=ENGINE)
     # time fallback: innermost cpu_op enclosing the runtime call on the same thread
     need = ops.filter(pl.col("_ext_op").is_null() & has_rt).select(
         "rank",
@@ -214,7 +214,7 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
             "launch_ns",
         )
         .sort("uid")
-        .collect()
+        .collect(engine=ENGINE)
     )
 
 
@@ -226,13 +226,13 @@ def cpu_leaf_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
 
     Same columns as ``link_gpu_operators``; the CPU operator of each row is the row itself.
     """
-    cpu = _cpu_ops(events, names).filter(~names_like(events, METADATA_OPS, names))
+    cpu = _cpu_ops(events, names).filter(~names_like(events, METADATA_OPS, names)).collect(engine=ENGINE)
     par = parents(
         cpu.select("rank", "pid", "tid", pl.col("uid").alias("id"), "ts_ns", "end_ns"), lane=("rank", "pid", "tid")
     )
-    has_child = par.filter(pl.col("parent_id").is_not_null()).select(pl.col("parent_id").alias("uid")).unique()
-    leaves = cpu.join(has_child, on="uid", how="anti")
-    work = events.filter((pl.col("kind") == "user_annotation") & names_like(events, CPU_COMM_WORK, names))
+    has_child = par.lazy().filter(pl.col("parent_id").is_not_null()).select(pl.col("parent_id").alias("uid")).unique()
+    leaves = cpu.lazy().join(has_child, on="uid", how="anti")
+    work = events.lazy().filter((pl.col("kind") == "user_annotation") & names_like(events, CPU_COMM_WORK, names))
     rows = pl.concat([leaves, work], how="vertical_relaxed").sort("uid")
     return rows.select(
         "rank",
@@ -254,7 +254,7 @@ def cpu_leaf_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
         *[pl.col(src).alias(dst) for src, dst in _CPU_COLS.items()],
         pl.lit("self").alias("link"),
         pl.col("ts_ns").alias("launch_ns"),
-    )
+    ).collect(engine=ENGINE)
 
 
 def outermost_scope(
@@ -267,17 +267,26 @@ def outermost_scope(
         operators: frame with ``rank``, ``uid``, ``cpu_pid``, ``cpu_tid``, ``launch_ns``.
         exclude: regex of annotation names that are not framework scopes (iteration markers).
     """
-    ann = events.filter((pl.col("kind") == "user_annotation") & ~names_like(events, exclude, names))
-    ann = ann.filter(~names_like(ann, CPU_COMM_WORK, names))
-    pts = operators.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
-        "rank",
-        pl.col("cpu_pid").alias("pid"),
-        pl.col("cpu_tid").alias("tid"),
-        pl.col("uid").alias("qid"),
-        pl.col("launch_ns").alias("t"),
+    ann = events.lazy().filter(
+        (pl.col("kind") == "user_annotation")
+        & ~names_like(events, exclude, names)
+        & ~names_like(events, CPU_COMM_WORK, names)
     )
-    iv = ann.select("rank", "pid", "tid", pl.col("uid").alias("id"), "ts_ns", "end_ns")
-    hit = enclosing(iv, pts, lane=("rank", "pid", "tid"), outermost=True)
-    scope_names = ann.select(pl.col("uid").alias("id"), pl.col("name").alias("scope_name"))
-    hit = hit.join(scope_names, on="id", how="left").select(pl.col("qid").alias("uid"), "scope_name")
-    return operators.join(hit, on="uid", how="left")
+    pts = (
+        operators.lazy()
+        .filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null())
+        .select(
+            "rank",
+            pl.col("cpu_pid").alias("pid"),
+            pl.col("cpu_tid").alias("tid"),
+            pl.col("uid").alias("qid"),
+            pl.col("launch_ns").alias("t"),
+        )
+    )
+    iv, points = pl.collect_all(
+        [ann.select("rank", "pid", "tid", pl.col("uid").alias("id"), "ts_ns", "end_ns", "name"), pts], engine=ENGINE
+    )
+    hit = enclosing(iv, points, lane=("rank", "pid", "tid"), outermost=True)
+    scope_names = iv.lazy().select("id", pl.col("name").alias("scope_name"))
+    found = hit.lazy().join(scope_names, on="id", how="left").select(pl.col("qid").alias("uid"), "scope_name")
+    return operators.lazy().join(found, on="uid", how="left").collect(engine=ENGINE)

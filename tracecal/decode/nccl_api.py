@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracecal.decode.nesting import NameIndex, enclosing, names_like
+from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, names_like
 
 NCCL_DATA_CALL = (
     r"^nccl(AllReduce|AllGather|ReduceScatter|Broadcast|Bcast|Reduce|Send|Recv|AlltoAll|AllToAll|Gather|Scatter)$"
@@ -57,29 +57,29 @@ def nccl_api_fields(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
         inst: collective instances (one row per uid).
         names: the batch's name index.
     """
-    nvtx = events.filter(pl.col("kind") == "user_annotation")
-    data = nvtx.filter(names_like(events, NCCL_DATA_CALL, names) & pl.col("coll_name").is_not_null())
+    # lazy plans around the two sweeps: each eager frame operation has a fixed cost
+    nvtx = events.lazy().filter(pl.col("kind") == "user_annotation")
+    data = nvtx.filter(names_like(events, NCCL_DATA_CALL, names) & pl.col("coll_name").is_not_null()).collect(
+        engine=ENGINE
+    )
     if data.height == 0:
         return _empty(inst)
     lane = ("rank", "pid", "tid")
-    pts = inst.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
+    pts_lazy = inst.lazy().filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
         "rank", pl.col("cpu_pid").alias("pid"), pl.col("cpu_tid").alias("tid"), pl.col("uid").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )  # fmt: skip
     cols = [pl.col(c).cast(t) for c, t in FIELDS.items()]
-    # ungrouped: the data range around the launch
-    own = enclosing(data.select(*lane, pl.col("uid").alias("id"), "ts_ns", "end_ns"), pts, lane=lane)
-    own = own.join(data.select(pl.col("uid").alias("id"), *cols), on="id", how="inner").drop("id", "depth")
     # grouped: number the outermost groups on each thread (a GroupStart taking the depth from 0 to 1
     # opens one); members are the data ranges inside, the GroupEnd bringing the depth back to 0 launches
-    seq = (
+    seq_lazy = (
         pl.concat(
             [
                 nvtx.filter(names_like(events, _GROUP, names)).select(
                     *lane, "uid", "ts_ns", "end_ns", "event_id",
                     pl.when(pl.col("name") == "ncclGroupStart").then(1).otherwise(-1).alias("_d"),
                 ),
-                data.select(*lane, "uid", "ts_ns", "end_ns", "event_id", pl.lit(0).alias("_d")),
+                data.lazy().select(*lane, "uid", "ts_ns", "end_ns", "event_id", pl.lit(0).alias("_d")),
             ],
             how="vertical_relaxed",
         )
@@ -90,8 +90,14 @@ def nccl_api_fields(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
         .with_columns((pl.col("_walk") - pl.col("_walk").cum_min().over(lane).clip(upper_bound=0)).alias("_depth"))
         .with_columns(((pl.col("_d") == 1) & (pl.col("_depth") == 1)).cum_sum().over(lane).alias("_group"))
     )  # fmt: skip
-    members = seq.filter((pl.col("_d") == 0) & (pl.col("_depth") > 0)).join(
-        data.select("uid", *cols), on="uid", how="left"
+    pts, seq = pl.collect_all([pts_lazy, seq_lazy], engine=ENGINE)
+    # ungrouped: the data range around the launch
+    own = enclosing(data.select(*lane, pl.col("uid").alias("id"), "ts_ns", "end_ns"), pts, lane=lane).lazy()
+    own = own.join(data.lazy().select(pl.col("uid").alias("id"), *cols), on="id", how="inner").drop("id", "depth")
+    members = (
+        seq.lazy()
+        .filter((pl.col("_d") == 0) & (pl.col("_depth") > 0))
+        .join(data.lazy().select("uid", *cols), on="uid", how="left")
     )
     sends = pl.col("coll_name") == "send"
     mixed = sends.any() & (pl.col("coll_name") == "recv").any()
@@ -109,12 +115,14 @@ def nccl_api_fields(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
     ends = seq.filter((pl.col("_d") == -1) & (pl.col("_depth") == 0))
     hit = enclosing(ends.select(*lane, pl.col("uid").alias("id"), "ts_ns", "end_ns"), pts, lane=lane)
     grouped = (
-        hit.filter(pl.col("id").is_not_null())
-        .join(ends.select(pl.col("uid").alias("id"), *lane, "_group"), on="id", how="inner")
+        hit.lazy()
+        .filter(pl.col("id").is_not_null())
+        .join(ends.lazy().select(pl.col("uid").alias("id"), *lane, "_group"), on="id", how="inner")
         .join(groups, on=[*lane, "_group"], how="inner")
         # several kernels launched by one group share its calls in a way the ranges do not say
         .with_columns(pl.when(pl.len().over("id") == 1).then(pl.col("bytes")).alias("bytes"))
         .select("qid", *cols)
     )
     found = pl.concat([own, grouped.join(own.select("qid"), on="qid", how="anti")], how="vertical_relaxed")
-    return inst.select("uid").join(found.rename({"qid": "uid", **{c: "n_" + c for c in FIELDS}}), on="uid", how="left")
+    found = found.rename({"qid": "uid", **{c: "n_" + c for c in FIELDS}})
+    return inst.lazy().select("uid").join(found, on="uid", how="left").collect(engine=ENGINE)
