@@ -283,3 +283,39 @@ def test_integers_out_of_range_or_malformed_become_null(tmp_path: Path) -> None:
     first, second = _rows(_write(tmp_path / "t.json", events))
     assert (first["correlation"], first["stream"], first["bytes"], first["device"]) == (None, None, None, 1)
     assert (second["correlation"], second["stream"], second["bytes"], second["tid"]) == (5, 7, 4096, None)
+
+
+def test_strict_decoding_keeps_the_lenient_rules(tmp_path: Path) -> None:
+    """Integer args written as JSON integers take the strict decoder (one conversion per column):
+    out-of-range values still become NULL, ``"args": null`` is no args, and python_function events
+    (read apart from the events that carry kept args) leave their rows NULL."""
+    events = [
+        {"ph": "X", "cat": "python_function", "name": "f", "ts": 1, "dur": 9, "args": {"Python id": 3}},
+        {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": 2, "dur": 1,
+         "args": {"correlation": 2**70, "stream": 2**40, "External id": 11, "grid": [1, 2, 3]}},
+        {"ph": "X", "cat": "cpu_op", "name": "op", "ts": 3, "dur": 1, "args": None},
+        {"ph": "X", "cat": "python_function", "name": "g", "ts": 4, "dur": 1},
+        {"ph": "X", "cat": "cpu_op", "name": "op", "ts": 5, "dur": 1,
+         "args": {"External id": 12, "Input Dims": [[8, 512], []], "Sequence number": 4}},
+    ]  # fmt: skip
+    rows = _rows(_write(tmp_path / "t.json", events))
+    assert [r["external_id"] for r in rows] == [None, 11, None, None, 12]
+    assert [r["input_dims"] for r in rows] == [None, None, None, None, "[[8,512],[]]"]
+    assert [r["grid"] for r in rows] == [None, "[1,2,3]", None, None, None]
+    assert [r["sequence_number"] for r in rows] == [None, None, None, None, 4]
+    assert (rows[1]["correlation"], rows[1]["stream"], rows[1]["device"]) == (None, None, 0)
+
+
+_int_lists = st.recursive(st.integers(min_value=0, max_value=10**25), lambda inner: st.lists(inner, max_size=4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(_int_lists, st.sampled_from(["", " ", "\n  "]))
+def test_integer_lists_are_made_compact_like_a_json_round_trip(value: object, space: str) -> None:
+    """The whitespace-stripping shortcut for lists of integers gives what msgspec decode + encode gives."""
+    import msgspec
+
+    from tracecal.ingest.kineto_events import _canonical_json
+
+    raw = json.dumps(value, separators=("," + space, ":")).encode()
+    assert _canonical_json(raw) == msgspec.json.encode(msgspec.json.decode(raw)).decode()
