@@ -118,7 +118,11 @@ def assign_phases(events: pl.DataFrame, operators: pl.DataFrame, names: NameInde
     out = operators.lazy().join(_evidence(events, pts, names).rename({"qid": "uid"}), on="uid", how="left")
     autograd = (
         pl.col("_autograd").fill_null(False)
-        | pl.col("cpu_op_name").fill_null("").str.contains(AUTOGRAD)
+        | (
+            pl.col("cpu_op_name").fill_null("").str.contains(AUTOGRAD)
+            if names is None
+            else names.like(AUTOGRAD, "cpu_op_name").fill_null(False)  # CPU operators are events of the batch
+        )
         | (pl.col("cpu_fwd_thread_id").fill_null(0) > 0)  # forward ops record 0
     )
     out = out.with_columns(

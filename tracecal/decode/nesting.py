@@ -345,12 +345,13 @@ class NameIndex:
             hits = [n for n, hit in zip(names, flags.get_column(f"_{i}").to_list(), strict=True) if hit]
             self._matches[p] = pl.Series("name", hits, dtype=pl.Utf8)
 
-    def like(self, pattern: str) -> pl.Expr:
-        """``pl.col("name").str.contains(pattern)`` for frames whose names come from this batch."""
+    def like(self, pattern: str, column: str = "name") -> pl.Expr:
+        """``pl.col(column).str.contains(pattern)`` for a column whose values are names of this batch
+        (``name``, or an operator's ``cpu_op_name``); NULL stays NULL."""
         if pattern not in self._matches:
             self._match([pattern, *(p for p in self._pending if p != pattern and p not in self._matches)])
             self._pending = []
-        return pl.col("name").is_in(self._matches[pattern].implode())
+        return pl.col(column).is_in(self._matches[pattern].implode())
 
 
 def names_like(frame: pl.DataFrame, pattern: str, names: NameIndex | None = None) -> pl.Expr:

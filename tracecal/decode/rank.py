@@ -17,7 +17,7 @@ from tracecal.decode.classify import assign_phases, component_expr
 from tracecal.decode.collectives import Layout, rank_collectives
 from tracecal.decode.iterations import DEFAULT_MARKER, assign_iterations, iteration_spans, iteration_windows
 from tracecal.decode.link import GPU_KINDS, cpu_leaf_operators, link_gpu_operators, outermost_scope, with_end
-from tracecal.decode.nesting import NameIndex
+from tracecal.decode.nesting import ENGINE, NameIndex
 from tracecal.decode.shapes import shape_features, with_family
 from tracecal.schema import OPERATORS
 
@@ -73,30 +73,37 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
         TraceFormatError: ``marker`` is not a valid regex.
     """
     ev = with_end(events.select(DECODE_COLUMNS))
-    gpu_ranks = frozenset(ev.filter(pl.col("kind").is_in(GPU_KINDS))["rank"].unique().to_list())
+    per_rank = ev.group_by("rank").agg(pl.col("kind").is_in(GPU_KINDS).any().alias("gpu"))
+    gpu_ranks = frozenset(per_rank.filter(pl.col("gpu"))["rank"].to_list())
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
     names = NameIndex(ev, [marker or DEFAULT_MARKER, *NAME_PATTERNS])  # each regex once per distinct name
     windows = iteration_windows(ev, marker, names)
     parts = []
+    mixed = 0 < len(gpu_ranks) < per_rank.height  # else no copy of the events by rank
     if gpu_ranks:
-        parts.append(link_gpu_operators(ev.filter(on_gpu), names))
-    cpu_only = ev.filter(~on_gpu)
-    if cpu_only.height:
-        parts.append(cpu_leaf_operators(cpu_only, names))
-    ops = pl.concat(parts, how="vertical_relaxed")
+        parts.append(link_gpu_operators(ev.filter(on_gpu) if mixed else ev, names))
+    if len(gpu_ranks) < per_rank.height:
+        parts.append(cpu_leaf_operators(ev.filter(~on_gpu) if mixed else ev, names))
+    ops = parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical_relaxed")
     ops = outermost_scope(ev, ops, names=names)
     when = ops.select("rank", pl.col("uid").alias("qid"), pl.coalesce("launch_ns", "ts_ns").alias("t"))
     ops = ops.join(assign_iterations(when, windows).rename({"qid": "uid"}), on="uid", how="left")
     ops = with_family(ops)
     ops = assign_phases(ev, ops, names)
     colls = rank_collectives(ev, ops, layout=layout, gpu_ranks=gpu_ranks, names=names)
-    ops = ops.join(colls.select("rank", "event_id", "role"), on=["rank", "event_id"], how="left")
-    ops = ops.with_columns(component_expr())
     ops = shape_features(ops, name="cpu_op_name", concrete_inputs="cpu_concrete_inputs")
-    ops = ops.with_columns(pl.col("rank").cast(pl.Int32), pl.lit(None, dtype=pl.Utf8).alias("run_id"))
+    ops = (
+        ops.lazy()
+        .join(colls.lazy().select("rank", "event_id", "role"), on=["rank", "event_id"], how="left")
+        .with_columns(component_expr())
+        .with_columns(pl.col("rank").cast(pl.Int32), pl.lit(None, dtype=pl.Utf8).alias("run_id"))
+        .select(OPERATORS.column_names)
+        .sort("rank", "event_id")
+        .collect(engine=ENGINE)
+    )
     its = iteration_spans(windows, ops, gpu_ranks=gpu_ranks)
     return RankDecode(
-        operators=ops.select(OPERATORS.column_names).sort("rank", "event_id"),
+        operators=ops,
         collectives=colls,
         iterations=its,
         gpu_ranks=gpu_ranks,

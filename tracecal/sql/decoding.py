@@ -173,14 +173,19 @@ def decode_stored_run(
         ops = decoded.operators.with_columns(pl.lit(run_id).alias("run_id"))
         _insert(con, OPERATORS, ops)
         n_ops += ops.height
-        unlinked += ops.filter(pl.col("cpu_op_event_id").is_null()).height
-        kernels = ops.filter(pl.col("kind") == "kernel")
-        kernel_ns += int(kernels["dur_ns"].sum() or 0)
-        linked_ns += int(kernels.filter(pl.col("cpu_op_event_id").is_not_null())["dur_ns"].sum() or 0)
+        kernel = pl.col("kind") == "kernel"
+        counts = ops.select(
+            pl.col("cpu_op_event_id").is_null().sum(),
+            pl.col("dur_ns").filter(kernel).sum().alias("kernel"),
+            pl.col("dur_ns").filter(kernel & pl.col("cpu_op_event_id").is_not_null()).sum().alias("linked"),
+        ).row(0)
+        unlinked += int(counts[0])
+        kernel_ns += int(counts[1] or 0)
+        linked_ns += int(counts[2] or 0)
         collectives.append(decoded.collectives)
         iterations.append(decoded.iterations)
         markers = markers and decoded.markers_found
-        del ops, kernels, decoded
+        del ops, decoded
         if on_rank is not None:
             for rank in ranks:
                 if first <= rank <= last:
