@@ -146,7 +146,6 @@ def build_graph(inputs: ReplayInputs) -> ReplayGraph:
     nodes = _node_table(inputs, offsets)
     origin = int(nodes["start_ns"].min())  # type: ignore[arg-type]
     nodes = nodes.with_columns(pl.col("start_ns") - origin, pl.col("end_ns") - origin)
-    nodes = nodes.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("node"))
 
     builder, coupled, sync = infer_edges(nodes)
     # a blocking call's end follows the awaited work (sync wins over coupled, as in the rules' order)
@@ -380,23 +379,25 @@ def _node_table(inputs: ReplayInputs, offsets: pl.DataFrame) -> pl.DataFrame:
         ((pl.col("family") == "comm").fill_null(False) | pl.col("match_id").is_not_null()).alias("is_comm")
     )
     frames = [acts.drop("coll_name"), rt, inst, markers]
-    nodes = _stack([f for f in frames if f.height])
-    return nodes.with_columns(pl.col("is_comm").fill_null(False), _by_rank(inputs.ranks, "main_tid").alias("main_tid"))
+    return _stack([f for f in frames if f.height], main_tid=_by_rank(inputs.ranks, "main_tid"))
 
 
-def _stack(frames: list[pl.DataFrame]) -> pl.DataFrame:
+def _stack(frames: list[pl.DataFrame], *, main_tid: pl.Expr) -> pl.DataFrame:
     """Frames one under the other, columns in order of first appearance (as a diagonal concat), a
-    column a frame lacks being NULL. Every frame gets every column first, so the result's columns are
-    chunked alike: a diagonal concat leaves them chunked differently, and the next ``with_columns``
-    would then copy the whole (large) table into single chunks."""
+    column a frame lacks being NULL, then ``is_comm`` (NULL → false), ``main_tid`` and ``node`` (the
+    row number). Each frame is completed before stacking, so every column of the result is chunked
+    alike: a diagonal concat chunks columns differently, and polars may then copy the whole (large)
+    table into single chunks at the next ``with_columns``."""
     schema = pl.concat([f.head(0) for f in frames], how="diagonal_relaxed").schema
-    return pl.concat(
-        [
+    parts, first = [], 0
+    for f in frames:
+        parts.append(
             f.select(pl.col(c).cast(t) if c in f.columns else pl.lit(None, t).alias(c) for c, t in schema.items())
-            for f in frames
-        ],
-        how="vertical",
-    )
+            .with_columns(pl.col("is_comm").fill_null(False), main_tid.alias("main_tid"))
+            .with_columns(pl.int_range(first, first + f.height, dtype=pl.Int64).alias("node"))
+        )
+        first += f.height
+    return pl.concat(parts, how="vertical")
 
 
 # --- ordering ------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ def edge_lags(graph: ReplayGraph, durations_ns: np.ndarray | None) -> np.ndarray
     if durations_ns is None:
         return graph.lag
     lag = graph.lag.copy()
-    own = graph.nodes["duration_role"].to_numpy() == "own"
+    own = (graph.nodes["duration_role"] == "own").to_numpy()  # compared in polars: no Python strings
     edges = graph.duration_edge[own]
     lag[edges] = np.asarray(durations_ns, dtype=np.int64)[own]
     return lag
