@@ -6,9 +6,11 @@ not independent — neighbouring sizes were measured one after the other and sha
 held-out size is then a fit through its nearest measured neighbours, with a neighbourhood as small as
 the noise allows. A tree ensemble approximates that with piecewise constants; this fits a weighted
 line through the ``k`` nearest training rows (tricube weights in key distance, as LOESS does), which
-follows the local slope exactly.
+follows the local slope exactly — or, where the noise shared by neighbours outweighs the slope, a
+Gaussian-weighted line or mean (``SHAPES``).
 
-``k`` is chosen at fit time by leave-one-out over ``K_GRID``: every training row is predicted from
+``k`` and the shape are chosen at fit time by leave-one-out over ``K_GRID`` × ``SHAPES``: every
+training row is predicted from
 its own nearest neighbours *without itself*, which is the situation of a held-out row at the density
 of the training data (a k-fold inside the training rows would thin the neighbourhood and favour
 too-large ``k``). The criterion is MAPE of ``exp(value)`` after its MAPE-optimal scale — the value
@@ -51,15 +53,36 @@ def _neighbours(keys: np.ndarray, queries: np.ndarray, k: int, exclude: np.ndarr
     return np.take_along_axis(window, nearest, axis=1)
 
 
-def _local_linear(keys: np.ndarray, values: np.ndarray, queries: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """Tricube-weighted least-squares line through ``positions``' rows, evaluated at each query."""
+KERNELS = {
+    "tricube": lambda u: (1.0 - u**3) ** 3,
+    "gaussian": lambda u: np.exp(-4.5 * u**2),
+}
+"""Weights by distance as a share of the neighbourhood's reach (0 at the query, 1 at the farthest
+neighbour): tricube as in LOESS, or a Gaussian that keeps weight on the farthest neighbours."""
+
+SHAPES = (("tricube", 1), ("gaussian", 1), ("gaussian", 0))
+"""(kernel, degree) pairs leave-one-out chooses from: local lines, and a local weighted mean for
+sweeps whose neighbouring noise outweighs their slope."""
+
+
+def _local_fit(
+    keys: np.ndarray,
+    values: np.ndarray,
+    queries: np.ndarray,
+    positions: np.ndarray,
+    kernel: str = "tricube",
+    degree: int = 1,
+) -> np.ndarray:
+    """Kernel-weighted least-squares polynomial (degree 0 or 1) through ``positions``' rows, at each query."""
     dx = keys[positions] - queries[:, None]
     y = values[positions]
     reach = np.max(np.abs(dx), axis=1, keepdims=True) * 1.0001 + 1e-12
-    weight = (1.0 - (np.abs(dx) / reach) ** 3) ** 3
+    weight = KERNELS[kernel](np.abs(dx) / reach)
     total = weight.sum(axis=1)
-    mean_x = (weight * dx).sum(axis=1) / total
     mean_y = (weight * y).sum(axis=1) / total
+    if degree == 0:
+        return mean_y
+    mean_x = (weight * dx).sum(axis=1) / total
     centred = dx - mean_x[:, None]
     var_x = (weight * centred**2).sum(axis=1)
     cov = (weight * centred * (y - mean_y[:, None])).sum(axis=1)
@@ -68,10 +91,12 @@ def _local_linear(keys: np.ndarray, values: np.ndarray, queries: np.ndarray, pos
     return mean_y - slope * mean_x
 
 
-def leave_one_out(sorted_keys: np.ndarray, values: np.ndarray, k: int) -> np.ndarray:
-    """Each row's local-linear fit from its ``k`` nearest *other* rows (keys sorted ascending)."""
+def leave_one_out(
+    sorted_keys: np.ndarray, values: np.ndarray, k: int, kernel: str = "tricube", degree: int = 1
+) -> np.ndarray:
+    """Each row's local fit from its ``k`` nearest *other* rows (keys sorted ascending)."""
     positions = _neighbours(sorted_keys, sorted_keys, k, np.arange(len(sorted_keys)))
-    return _local_linear(sorted_keys, values, sorted_keys, positions)
+    return _local_fit(sorted_keys, values, sorted_keys, positions, kernel, degree)
 
 
 def _ratio_mape(log_ratio: np.ndarray) -> float:
@@ -85,19 +110,27 @@ def _ratio_mape(log_ratio: np.ndarray) -> float:
 
 
 class LocalLinear:
-    """Local-linear regression of ``values`` on a scalar ``key`` over the ``k`` nearest rows.
+    """Local regression of ``values`` on a scalar ``key`` over the ``k`` nearest rows.
 
     Args:
         k: neighbourhood size; None chooses it by leave-one-out from ``grid`` at fit time.
         grid: candidate sizes for the leave-one-out choice.
+        shapes: (kernel, degree) pairs leave-one-out chooses from (``SHAPES``).
 
-    Learned: ``keys_`` and ``values_`` (training rows sorted by key), ``k_`` (the neighbourhood used),
-    ``loo_mape_`` (leave-one-out MAPE % of ``exp(value)`` per candidate k).
+    Learned: ``keys_`` and ``values_`` (training rows sorted by key), ``k_``, ``kernel_`` and
+    ``degree_`` (the fit used), ``loo_mape_`` (leave-one-out MAPE % of ``exp(value)`` per
+    (kernel, degree, k) tried).
     """
 
-    def __init__(self, k: int | None = None, grid: Sequence[int] = K_GRID) -> None:
+    def __init__(
+        self,
+        k: int | None = None,
+        grid: Sequence[int] = K_GRID,
+        shapes: Sequence[tuple[str, int]] = SHAPES,
+    ) -> None:
         self.k = k
         self.grid = tuple(grid)
+        self.shapes = tuple(shapes)
 
     def fit(self, key: np.ndarray, values: np.ndarray) -> LocalLinear:
         key = np.asarray(key, dtype=np.float64)
@@ -110,12 +143,18 @@ class LocalLinear:
         self.values_ = values[keep][order]
         n = len(self.keys_)
         candidates = [self.k] if self.k is not None else [k for k in self.grid if k < n] or [n - 1]
-        self.loo_mape_ = {}
-        for k in candidates:
-            k = min(int(k), n - 1)
-            self.loo_mape_[k] = _ratio_mape(leave_one_out(self.keys_, self.values_, k) - self.values_)
-        # ties go to the larger neighbourhood (smoother, less variance on unseen keys)
-        self.k_ = min(self.loo_mape_, key=lambda k: (self.loo_mape_[k], -k))
+        self.loo_mape_: dict[tuple[str, int, int], float] = {}
+        for kernel, degree in self.shapes:
+            for k in candidates:
+                k = min(int(k), n - 1)
+                fitted = leave_one_out(self.keys_, self.values_, k, kernel, degree)
+                self.loo_mape_[(kernel, degree, k)] = _ratio_mape(fitted - self.values_)
+        # ties go to the larger neighbourhood (smoother, less variance on unseen keys), then to the
+        # earlier shape
+        rank = {shape: i for i, shape in enumerate(self.shapes)}
+        self.kernel_, self.degree_, self.k_ = min(
+            self.loo_mape_, key=lambda c: (self.loo_mape_[c], -c[2], rank[(c[0], c[1])])
+        )
         return self
 
     def predict(self, key: np.ndarray) -> np.ndarray:
@@ -129,5 +168,5 @@ class LocalLinear:
         if finite.any():
             query = np.clip(key[finite], self.keys_[0], self.keys_[-1])
             positions = _neighbours(self.keys_, query, self.k_, None)
-            out[finite] = _local_linear(self.keys_, self.values_, query, positions)
+            out[finite] = _local_fit(self.keys_, self.values_, query, positions, self.kernel_, self.degree_)
         return out
