@@ -66,9 +66,15 @@ def _evidence(events: pl.DataFrame, pts: pl.DataFrame, names: NameIndex | None) 
         ("_bwd", scopes.filter(names_like(events, BACKWARD_SCOPE, names)), False),
         ("_fwd", scopes.filter(names_like(events, FORWARD_SCOPE, names)), False),
     ]
+    patterns = (AUTOGRAD, OPTIMIZER_SCOPE, BACKWARD_SCOPE, FORWARD_SCOPE)
+    # a set no name of the batch matches covers nothing: skip it (inference captures have no autograd)
+    active = [i for i, p in enumerate(patterns) if names is None or names.any_like(p)]
+    if not active:
+        return pts.lazy().select(pl.col("qid").unique()).with_columns(pl.lit(False).alias(n) for n, _, _ in sets)
     iv_parts, pt_parts = [], []
     pts_lazy = pts.lazy()
-    for i, (_, frame, per_thread) in enumerate(sets):  # lane ``tag``: the set's index (integers sort fast)
+    for i in active:  # lane ``tag``: the set's index (integers sort fast)
+        _, frame, per_thread = sets[i]
         tag = pl.lit(i, dtype=pl.Int8)
         ivt = pl.col("tid") if per_thread else pl.lit(-1, dtype=pl.Int64)
         iv_parts.append(

@@ -227,8 +227,14 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | 
         pl.col("uid").alias("qid"),
         pl.col("launch_ns").alias("t"),
     )
+    active = [i for i, (_, _, pattern) in enumerate(_CONTEXT) if names is None or names.any_like(pattern)]
+    if not active:  # no context names in the batch (a trace without record_param_comms, annotations, c10d)
+        return inst.select(
+            "uid", *[pl.lit(None, dtype=events.schema[c]).alias(tag + c) for tag, _, _ in _CONTEXT for c in _ATTRS]
+        )
     lev, pts_lazy = events.lazy(), pts.lazy()  # lazy plans, one collect before and one after the sweep
-    for i, (_, kind, pattern) in enumerate(_CONTEXT):  # lane ``tag``: the context's index (an integer sorts fast)
+    for i in active:  # lane ``tag``: the context's index (an integer sorts fast)
+        _, kind, pattern = _CONTEXT[i]
         src = lev.filter((pl.col("kind") == kind) & names_like(events, pattern, names))
         lane_tag = pl.lit(i, dtype=pl.Int8).alias("tag")
         iv_parts.append(src.select("rank", "pid", "tid", lane_tag, pl.col("uid").alias("id"), "ts_ns", "end_ns"))
@@ -357,6 +363,15 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
     (``scope_role``), and the pipeline direction (``_next`` / ``_prev`` booleans)."""
     scopes = events.lazy().filter(pl.col("kind").is_in(["cpu_op", "user_annotation", "python_function", "nvtx"]))
     sets = [*SCOPE_ROLES, *_DIRECTIONS]
+    # sets no name of the batch matches cover nothing: skip them (most GPU traces have no such scopes)
+    active = [i for i, (_, pat) in enumerate(sets) if names is None or names.any_like(pat)]
+    if not active:
+        return inst.select(
+            "uid",
+            pl.lit(None, dtype=pl.Utf8).alias("scope_role"),
+            pl.lit(None, dtype=pl.Boolean).alias("_next"),
+            pl.lit(None, dtype=pl.Boolean).alias("_prev"),
+        )
     pts = inst.filter(pl.col("launch_ns").is_not_null() & pl.col("cpu_tid").is_not_null()).select(
         "rank",
         pl.col("cpu_pid").alias("pid"),
@@ -377,13 +392,14 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
                 "end_ns",
             )
             for i, (_, pat) in enumerate(sets)
+            if i in active
         ],
         how="vertical_relaxed",
     )
     pts_lazy = pts.lazy()
-    pts_lazy = pl.concat(
-        [pts_lazy.with_columns(pl.lit(i, dtype=pl.Int8).alias("tag")) for i in range(len(sets))]
-    ).with_row_index("_q")
+    pts_lazy = pl.concat([pts_lazy.with_columns(pl.lit(i, dtype=pl.Int8).alias("tag")) for i in active]).with_row_index(
+        "_q"
+    )
     iv, allpts = pl.collect_all([iv_lazy, pts_lazy.with_columns(pl.col("_q").cast(pl.Int64))], engine=ENGINE)
     lane = ("rank", "pid", "tid", "tag")
     cov = covered(iv, allpts.select(*lane, pl.col("_q").alias("qid"), "t"), lane=lane)

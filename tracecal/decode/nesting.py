@@ -345,6 +345,11 @@ class NameIndex:
             hits = [n for n, hit in zip(names, flags.get_column(f"_{i}").to_list(), strict=True) if hit]
             self._matches[p] = pl.Series("name", hits, dtype=pl.Utf8)
 
+    def any_like(self, pattern: str) -> bool:
+        """Some name of the batch matches ``pattern`` (else a sweep over its ranges can be skipped)."""
+        self.like(pattern)
+        return len(self._matches[pattern]) > 0
+
     def like(self, pattern: str, column: str = "name") -> pl.Expr:
         """``pl.col(column).str.contains(pattern)`` for a column whose values are names of this batch
         (``name``, or an operator's ``cpu_op_name``); NULL stays NULL."""
