@@ -7,18 +7,23 @@ published Perlmutter sweep where the smoother must reach the published hold-out 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pytest
 from test_calibrate import NCCL, imported
+from typer.testing import CliRunner
 
+from tracecal.calibrate import load
 from tracecal.calibrate.estimators import DurationRegressor
 from tracecal.calibrate.features import feature_frame, informative_phase, usable_features
 from tracecal.calibrate.fitting import GroupKey, fit_group
 from tracecal.calibrate.local import K_GRID, LocalLinear
 from tracecal.calibrate.validation import holdout_split
+from tracecal.cli.main import app
+from tracecal.config import model_store_dir
 from tracecal.errors import CalibrationError
 
 
@@ -119,3 +124,30 @@ def test_fit_group_uses_the_phase_only_where_the_sweep_shows_it(tmp_path: Path) 
     assert stepped.params is not None and "chunk_phase" in stepped.params["features"]
     assert stepped.metrics["mape"] < 2.0 and stepped.protocol == "published"
     assert flat.params is not None and "chunk_phase" not in flat.params["features"]
+
+
+@pytest.mark.slow
+def test_a_stored_smoother_is_refitted_exactly_on_load(tmp_path: Path) -> None:
+    """allreduce 1 node × 2 GPUs: cross-validation picks a smoother; the store keeps its choice."""
+    source = tmp_path / "nccl"
+    source.mkdir()
+    (source / "NVIDIAA100-SXM4-80GB_allreduce_fp16_1_2.csv").symlink_to(
+        NCCL / "NVIDIAA100-SXM4-80GB_allreduce_fp16_1_2.csv"
+    )
+    db = tmp_path / "cal.duckdb"
+    for args in (["samples", "import", str(source)], ["calibrate", "--family", "comm"]):
+        result = CliRunner().invoke(app, [*args, "--cluster", "perlmutter", "--db", str(db)])
+        assert result.exit_code == 0, result.output
+    [meta_path] = model_store_dir(db).rglob("meta.json")
+    meta = json.loads(meta_path.read_text())
+    assert meta["model_kind"] in ("local", "local_forest")
+    assert set(meta["local"]) == {"k", "kernel", "degree"}
+    training = pl.read_parquet(meta_path.parent / "training.parquet")
+    rows = training.with_columns(phase=pl.col("direction"))
+    predicted = load("perlmutter", db=db).predict(rows)
+    assert np.mean(np.abs(predicted - training["median_ns"].to_numpy()) / training["median_ns"].to_numpy()) < 0.01
+    # another neighbourhood is another model: the stored check predictions catch it
+    meta["local"]["k"] = meta["local"]["k"] + 7
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CalibrationError, match="does not reproduce its stored predictions"):
+        load("perlmutter", db=db).predict(rows)

@@ -158,7 +158,7 @@ def test_load_refuses_incompatible_or_tampered_artifacts(calibrated: dict[str, P
         meta = json.loads(original)
         meta["versions"]["scikit-learn"] = "0.1.0"
         path.write_text(json.dumps(meta))
-        if meta["model_kind"] in ("random_forest", "blend"):
+        if meta["model_kind"] in ("random_forest", "blend", "local_forest"):
             with pytest.raises(CalibrationError, match=r"scikit-learn 0\.1\.0"):
                 load("perlmutter", db=db, store_dir=store)
         path.write_text(original)

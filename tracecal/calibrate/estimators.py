@@ -182,12 +182,17 @@ class DurationRegressor:
     def _uses_local(self) -> bool:
         return self.kind in ("local", "local_forest")
 
-    def fit_local(self, features: pl.DataFrame, residual: np.ndarray) -> None:
-        """Fit ``local_`` on the residual along ``local_column`` (also used by the store's refit)."""
+    def fit_local(self, features: pl.DataFrame, residual: np.ndarray, chosen: dict[str, Any] | None = None) -> None:
+        """Fit ``local_`` on the residual along ``local_column``. The store's refit passes the stored
+        leave-one-out choice as ``chosen`` (``k``, ``kernel``, ``degree``) instead of searching again."""
         from tracecal.calibrate.local import LocalLinear
 
         key = _matrix(features, [self.local_column])[:, 0]
-        self.local_ = LocalLinear(k=self.local_k).fit(key, residual)
+        if chosen is None:
+            self.local_ = LocalLinear(k=self.local_k).fit(key, residual)
+        else:
+            shape = (str(chosen["kernel"]), int(chosen["degree"]))
+            self.local_ = LocalLinear(k=int(chosen["k"]), shapes=[shape]).fit(key, residual)
 
     def _uses_booster(self) -> bool:
         return self.kind in ("xgboost", "blend")

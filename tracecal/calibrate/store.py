@@ -84,6 +84,12 @@ def _write_artifact(directory: Path, cluster: str, result: GroupResult, created_
         "features": list(model.features),
         "physical_columns": list(model.physical_columns),
         "baseline_coef": [float(c) for c in model.baseline_.coef_],
+        # the smoother's leave-one-out choice, so a load refits exactly this one (no search)
+        "local": (
+            {"k": int(model.local_.k_), "kernel": model.local_.kernel_, "degree": int(model.local_.degree_)}
+            if hasattr(model, "local_")
+            else None
+        ),
         "data_fingerprint": result.fingerprint,
         "n_training": result.training.height,
         "metrics": {**result.metrics, "cv_mape": result.cv_mape, "noise_ape": result.noise_ape},
@@ -244,7 +250,7 @@ class StoredModel:
             residual = np.log(y / baseline.predict(features))
         if model.kind in ("local", "local_forest"):
             # deterministic (no seed): the same rows give the same smoother and neighbourhood
-            model.fit_local(features, residual)
+            model.fit_local(features, residual, chosen=meta.get("local"))
         if model.kind in ("random_forest", "blend", "local_forest"):
             from sklearn.ensemble import RandomForestRegressor
 
