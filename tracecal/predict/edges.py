@@ -152,24 +152,40 @@ def chain_predecessors(group: np.ndarray, start: np.ndarray, end: np.ndarray) ->
     n = group.size
     if n == 0:
         return np.empty(0, dtype=np.int64)
-    new_group = np.r_[True, group[1:] != group[:-1]]
-    gid = np.cumsum(new_group) - 1
+    new_group = np.empty(n, dtype=bool)
+    new_group[0] = True
+    np.not_equal(group[1:], group[:-1], out=new_group[1:])
     # running max of end per group: offset each group so a global accumulate cannot leak across groups
-    span = int(end.max() - end.min()) + 1 if n else 1
-    shifted = (end - end.min()) + gid.astype(np.int64) * span
-    cm = np.maximum.accumulate(shifted)
-    rec = np.where(shifted == cm, np.arange(n), -1)
-    last_rec = np.maximum.accumulate(rec)
-    prev = np.r_[-1, last_rec[:-1]]
+    lowest = end.min()
+    span = int(end.max() - lowest) + 1
+    shifted = np.cumsum(new_group, dtype=np.int64)
+    shifted *= span
+    shifted += end
+    shifted -= lowest
+    running = np.maximum.accumulate(shifted)
+    holder = np.where(shifted == running, np.arange(n), -1)  # rows that hold their group's max end
+    del shifted, running
+    np.maximum.accumulate(holder, out=holder)
+    prev = np.empty(n, dtype=np.int64)
+    prev[0] = -1
+    prev[1:] = holder[:-1]
     prev[new_group] = -1
-    return prev.astype(np.int64)
+    return prev
 
 
 def dense_ids(values: np.ndarray) -> tuple[np.ndarray, int]:
     """(index of each value among the sorted distinct values, number of distinct values). The
-    distinct values are found by hashing (few: ranks, threads, streams), then looked up by binary
-    search, instead of sorting every value as ``np.unique(..., return_inverse=True)`` does."""
+    distinct values are found by hashing (few: ranks, threads, streams), then each value is looked
+    up in a table over the value range when it is small, else by binary search; ``np.unique(...,
+    return_inverse=True)`` would sort every value."""
+    if values.size == 0:
+        return np.empty(0, dtype=np.int64), 0
     distinct = np.sort(pl.Series(values).unique().to_numpy())
+    lo, hi = int(distinct[0]), int(distinct[-1])
+    if hi - lo < max(4 * values.size, 1 << 16):
+        table = np.zeros(hi - lo + 1, dtype=np.int64)
+        table[distinct - lo] = np.arange(distinct.size)
+        return table[values - lo], distinct.size
     return np.searchsorted(distinct, values).astype(np.int64), distinct.size
 
 
@@ -185,7 +201,7 @@ def _lane_chain(nodes: pl.DataFrame, mask: pl.Expr, lane: str) -> tuple[np.ndarr
     sub = (
         nodes.lazy()  # lazy: only the five columns are filtered, not the whole node table
         .filter(mask & pl.col(lane).is_not_null())
-        .select("node", "rank", lane, "start_ns", "end_ns")
+        .select("node", pl.col("rank").fill_null(pl.col("rank").min() - 1), lane, "start_ns", "end_ns")
         .collect()
     )
     if sub.height == 0:
@@ -350,54 +366,79 @@ def _event_wait_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
     launched = _launched(b, nodes)
     if launched is None:
         return
-    waits = _runtime_calls(nodes, STREAM_WAIT).select("rank", "lane_tid", pl.col("start_ns").alias("w_ts")).collect()
+    waits = (
+        _runtime_calls(nodes, STREAM_WAIT)
+        .select("rank", "lane_tid", pl.col("start_ns").alias("w_ts"))
+        .drop_nulls(["rank", "lane_tid"])  # a call on no known thread precedes nothing
+        .collect()
+    )
     if waits.height == 0:
         return
     following = launched.select(
         "rank", "lane_tid", "l_ts", pl.col("act").alias("next_act"), pl.col("stream").alias("next_s")
     ).drop_nulls("lane_tid")
+    waits, following = _with_packed_key(waits, following, ("rank", "lane_tid"))
     nxt = (
         waits.sort("w_ts")
         .join_asof(
-            following,
+            following.drop("rank", "lane_tid"),
             left_on="w_ts",
             right_on="l_ts",
-            by=["rank", "lane_tid"],
+            by="_key",
             strategy="forward",
             check_sortedness=False,
         )
         .drop_nulls("next_act")
-        .drop("l_ts")
+        .select("rank", "w_ts", "next_act", "next_s")
     )
     if nxt.height == 0:
         return
     # the last activity launched before the wait on each other stream of the rank (few streams),
     # then the latest of those
     streams = launched.select("rank", "stream").unique()
-    cand = (
-        nxt.join(streams, on="rank", how="inner")
-        .filter(pl.col("stream") != pl.col("next_s"))
-        .sort("w_ts")
+    per_stream = nxt.join(streams, on="rank", how="inner").filter(pl.col("stream") != pl.col("next_s"))
+    per_stream, earlier = _with_packed_key(
+        per_stream, launched.select("rank", "stream", "l_ts", "act"), ("rank", "stream")
+    )
+    found = (
+        per_stream.sort("w_ts")
         .join_asof(
-            launched.select("rank", "stream", "l_ts", "act"),
+            earlier.drop("rank", "stream"),
             left_on="w_ts",
             right_on="l_ts",
-            by=["rank", "stream"],
+            by="_key",
             strategy="backward",
             allow_exact_matches=False,
             check_sortedness=False,
         )
         .drop_nulls("act")
-        .sort("l_ts")
-        .group_by("next_act", "w_ts")
-        .agg(pl.col("act").last())
     )
-    if cand.height == 0:
+    if found.height == 0:
         return
+    # per (next activity, wait): the candidate launched last (ties: the higher node id)
+    next_act, w_ts = found["next_act"].to_numpy(), found["w_ts"].to_numpy()
+    act = found["act"].to_numpy()
+    order = np.lexsort((act, found["l_ts"].to_numpy(), w_ts, next_act))
+    last = np.r_[(next_act[order][1:] != next_act[order][:-1]) | (w_ts[order][1:] != w_ts[order][:-1]), True]
+    cand = pl.DataFrame({"next_act": next_act[order][last], "act": act[order][last]})
     dep = cand["act"].to_numpy()
     nxt_act = cand["next_act"].to_numpy()
     ok = b.end[dep] <= b.start[nxt_act]  # an inferred dependency the trace contradicts is dropped
     b.add(2 * dep[ok] + 1, 2 * nxt_act[ok], 0, "event_wait")
+
+
+def _with_packed_key(
+    left: pl.DataFrame, right: pl.DataFrame, cols: tuple[str, str]
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Both frames with ``_key``: one int64 per value pair of the two ``cols`` (no NULLs), the same
+    in both frames, for an as-of join ``by`` a single column (faster than by two)."""
+    a, b = cols
+    both = pl.concat([left.select(a, b), right.select(a, b)])
+    key = lane_ids(both[a].to_numpy(), both[b].to_numpy())
+    return (
+        left.with_columns(pl.Series("_key", key[: left.height])),
+        right.with_columns(pl.Series("_key", key[left.height :])),
+    )
 
 
 def _collective_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> np.ndarray:
