@@ -334,6 +334,7 @@ class NameIndex:
     def __init__(self, frame: pl.DataFrame, patterns: Sequence[str] = ()) -> None:
         self._names = frame.get_column("name").unique()
         self._matches: dict[str, pl.Series] = {}
+        self._counts: dict[str, int] = {}
         self._pending = list(dict.fromkeys(patterns))
 
     def _match(self, patterns: list[str]) -> None:
@@ -343,12 +344,14 @@ class NameIndex:
         names = self._names.to_list()
         for i, p in enumerate(patterns):
             hits = [n for n, hit in zip(names, flags.get_column(f"_{i}").to_list(), strict=True) if hit]
-            self._matches[p] = pl.Series("name", hits, dtype=pl.Utf8)
+            # kept imploded: ``is_in`` wants a list literal, and imploding is a frame operation
+            self._matches[p] = pl.Series("name", [hits], dtype=pl.List(pl.Utf8))
+            self._counts[p] = len(hits)
 
     def any_like(self, pattern: str) -> bool:
         """Some name of the batch matches ``pattern`` (else a sweep over its ranges can be skipped)."""
         self.like(pattern)
-        return len(self._matches[pattern]) > 0
+        return self._counts[pattern] > 0
 
     def like(self, pattern: str, column: str = "name") -> pl.Expr:
         """``pl.col(column).str.contains(pattern)`` for a column whose values are names of this batch
@@ -356,7 +359,7 @@ class NameIndex:
         if pattern not in self._matches:
             self._match([pattern, *(p for p in self._pending if p != pattern and p not in self._matches)])
             self._pending = []
-        return pl.col(column).is_in(self._matches[pattern].implode())
+        return pl.col(column).is_in(self._matches[pattern])
 
 
 def names_like(frame: pl.DataFrame, pattern: str, names: NameIndex | None = None) -> pl.Expr:
