@@ -20,7 +20,7 @@ from tracecal.calibrate import load
 from tracecal.calibrate.estimators import DurationRegressor
 from tracecal.calibrate.features import feature_frame, informative_phase, usable_features
 from tracecal.calibrate.fitting import GroupKey, fit_group
-from tracecal.calibrate.local import K_GRID, LocalLinear
+from tracecal.calibrate.local import K_GRID, MEDIAN, LocalLinear, _weighted_median
 from tracecal.calibrate.validation import holdout_split
 from tracecal.cli.main import app
 from tracecal.config import model_store_dir
@@ -49,7 +49,7 @@ def test_leave_one_out_follows_the_noise_structure() -> None:
 
 def test_fixed_k_repeated_keys_and_too_few_rows() -> None:
     key = np.array([1.0, 1.0, 2.0, 2.0, 3.0, 3.0])
-    model = LocalLinear(k=2).fit(key, np.array([0.0, 0.2, 1.0, 1.2, 2.0, 2.2]))
+    model = LocalLinear(k=2, shapes=[("tricube", 1)]).fit(key, np.array([0.0, 0.2, 1.0, 1.2, 2.0, 2.2]))
     assert model.k_ == 2 and {k for _, _, k in model.loo_mape_} == {2}
     # the two rows at key 2 (equal keys have no slope: their mean)
     assert model.predict(np.array([2.0]))[0] == pytest.approx(1.1)
@@ -151,3 +151,20 @@ def test_a_stored_smoother_is_refitted_exactly_on_load(tmp_path: Path) -> None:
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CalibrationError, match="does not reproduce its stored predictions"):
         load("perlmutter", db=db).predict(rows)
+
+
+def test_weighted_median_shape_for_skewed_noise() -> None:
+    # by hand: weights exp(-v) = 1, 0.90, 0.82 -> half of 2.72 is passed at the second value
+    assert _weighted_median(np.array([[0.2, 0.0, 0.1]]))[0] == pytest.approx(0.1)
+    assert _weighted_median(np.array([[0.0, np.log(2.0)]]))[0] == 0.0  # 1/y weights favour the faster
+    rng = np.random.default_rng(5)
+    key = np.arange(800, dtype=float)
+    value = 0.001 * key + rng.normal(0.0, 0.005, 800)
+    slow = rng.random(800) < 0.1
+    value[slow] += 0.5  # sporadic 65 % slower repeats, as a congested network gives
+    model = LocalLinear().fit(key, value)
+    line = LocalLinear(shapes=[("tricube", 1)]).fit(key, value)
+    assert model.kernel_ == MEDIAN
+    # off the truth by less than a quarter of what the best local line is (the outliers pull the line)
+    truth = 0.001 * key
+    assert np.mean(np.abs(model.predict(key) - truth)) < 0.25 * np.mean(np.abs(line.predict(key) - truth))

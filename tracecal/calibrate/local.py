@@ -60,43 +60,74 @@ KERNELS = {
 """Weights by distance as a share of the neighbourhood's reach (0 at the query, 1 at the farthest
 neighbour): tricube as in LOESS, or a Gaussian that keeps weight on the farthest neighbours."""
 
-SHAPES = (("tricube", 1), ("gaussian", 1), ("gaussian", 0))
-"""(kernel, degree) pairs leave-one-out chooses from: local lines, and a local weighted mean for
-sweeps whose neighbouring noise outweighs their slope."""
+MEDIAN = "median"
+"""The shape whose fit is the MAPE-optimal point of the neighbourhood: the median of the neighbours'
+values weighted by ``exp(-value)`` (∝ 1/duration), each first moved to the query along the local
+slope. Robust where a sweep has sporadic slow outliers (skewed noise), which pull a mean or a line."""
+
+SLOPE_NEIGHBOURS = 10
+"""The median shape's slope comes from at least this many neighbours (a slope through two is noise)."""
+
+SHAPES = (("tricube", 1), ("gaussian", 1), ("gaussian", 0), (MEDIAN, 1))
+"""(kernel, degree) pairs leave-one-out chooses from: local lines, a local weighted mean for sweeps
+whose neighbouring noise outweighs their slope, and the weighted median for skewed noise."""
+
+
+def _line(dx: np.ndarray, y: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Weighted least-squares line per row of ``dx``/``y``: (value at dx = 0, slope)."""
+    total = weight.sum(axis=1)
+    mean_x = (weight * dx).sum(axis=1) / total
+    mean_y = (weight * y).sum(axis=1) / total
+    centred = dx - mean_x[:, None]
+    var_x = (weight * centred**2).sum(axis=1)
+    cov = (weight * centred * (y - mean_y[:, None])).sum(axis=1)
+    # equal keys (repeated sizes) have no slope: their weighted mean is the fit
+    slope = np.where(var_x > 1e-300, cov / np.where(var_x > 1e-300, var_x, 1.0), 0.0)
+    return mean_y - slope * mean_x, slope
+
+
+def _weighted_median(values: np.ndarray) -> np.ndarray:
+    """Per row, the median of ``values`` weighted by ``exp(-value)`` (the MAPE-optimal point)."""
+    order = np.argsort(values, axis=1, kind="stable")
+    ranked = np.take_along_axis(values, order, axis=1)
+    weight = np.exp(-(ranked - ranked[:, :1]))  # relative to the row minimum: no overflow
+    cumulative = np.cumsum(weight, axis=1)
+    at = (cumulative < 0.5 * cumulative[:, -1:]).sum(axis=1)
+    return ranked[np.arange(len(ranked)), at]
 
 
 def _local_fit(
     keys: np.ndarray,
     values: np.ndarray,
     queries: np.ndarray,
-    positions: np.ndarray,
+    k: int,
+    exclude: np.ndarray | None,
     kernel: str = "tricube",
     degree: int = 1,
 ) -> np.ndarray:
-    """Kernel-weighted least-squares polynomial (degree 0 or 1) through ``positions``' rows, at each query."""
+    """The local fit at each query from its ``k`` nearest rows (``exclude``: see ``_neighbours``):
+    a kernel-weighted polynomial of degree 0 or 1, or (``MEDIAN``) the weighted median."""
+    positions = _neighbours(keys, queries, k, exclude)
     dx = keys[positions] - queries[:, None]
     y = values[positions]
+    if kernel == MEDIAN:
+        wide_k = min(SLOPE_NEIGHBOURS, len(keys) - 1)  # n - 1: a leave-one-out row has no more
+        wide = positions if k >= wide_k else _neighbours(keys, queries, wide_k, exclude)
+        wide_dx = keys[wide] - queries[:, None]
+        _, slope = _line(wide_dx, values[wide], np.ones_like(wide_dx))
+        return _weighted_median(y - slope[:, None] * dx if degree else y)
     reach = np.max(np.abs(dx), axis=1, keepdims=True) * 1.0001 + 1e-12
     weight = KERNELS[kernel](np.abs(dx) / reach)
-    total = weight.sum(axis=1)
-    mean_y = (weight * y).sum(axis=1) / total
     if degree == 0:
-        return mean_y
-    mean_x = (weight * dx).sum(axis=1) / total
-    centred = dx - mean_x[:, None]
-    var_x = (weight * centred**2).sum(axis=1)
-    cov = (weight * centred * (y - mean_y[:, None])).sum(axis=1)
-    # equal keys (repeated sizes) have no slope: their weighted mean is the fit
-    slope = np.where(var_x > 1e-300, cov / np.where(var_x > 1e-300, var_x, 1.0), 0.0)
-    return mean_y - slope * mean_x
+        return (weight * y).sum(axis=1) / weight.sum(axis=1)
+    return _line(dx, y, weight)[0]
 
 
 def leave_one_out(
     sorted_keys: np.ndarray, values: np.ndarray, k: int, kernel: str = "tricube", degree: int = 1
 ) -> np.ndarray:
     """Each row's local fit from its ``k`` nearest *other* rows (keys sorted ascending)."""
-    positions = _neighbours(sorted_keys, sorted_keys, k, np.arange(len(sorted_keys)))
-    return _local_fit(sorted_keys, values, sorted_keys, positions, kernel, degree)
+    return _local_fit(sorted_keys, values, sorted_keys, k, np.arange(len(sorted_keys)), kernel, degree)
 
 
 def _ratio_mape(log_ratio: np.ndarray) -> float:
@@ -167,6 +198,5 @@ class LocalLinear:
         finite = np.isfinite(key)
         if finite.any():
             query = np.clip(key[finite], self.keys_[0], self.keys_[-1])
-            positions = _neighbours(self.keys_, query, self.k_, None)
-            out[finite] = _local_fit(self.keys_, self.values_, query, positions, self.kernel_, self.degree_)
+            out[finite] = _local_fit(self.keys_, self.values_, query, self.k_, None, self.kernel_, self.degree_)
         return out
