@@ -20,6 +20,7 @@ memset -> ``memcpy``, otherwise by phase: ``compute_fwd``, ``compute_bwd``, ``op
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 from tracecal.decode.nesting import ENGINE, NameIndex, covered, names_like
@@ -100,10 +101,14 @@ def _evidence(events: pl.DataFrame, pts: pl.DataFrame, names: NameIndex | None) 
     )
     lane = ("rank", "pid", "lane_tid", "tag")
     cov = covered(iv, allpts.select(*lane, pl.col("_q").alias("qid"), "t"), lane=lane)
-    joined = allpts.lazy().join(cov.lazy().rename({"qid": "_q"}), on="_q", how="left")
-    return joined.group_by("qid").agg(
-        *[((pl.col("count") > 0) & (pl.col("tag") == i)).any().alias(name) for i, (name, _, _) in enumerate(sets)]
-    )
+    # row k·n + j of the points is point j asked about set active[k] (launch points are unique)
+    counts = np.zeros(allpts.height, dtype=np.int64)
+    counts[cov.get_column("qid").to_numpy()] = cov.get_column("count").to_numpy()
+    n = pts.height
+    flags = {name: np.zeros(n, dtype=bool) for name, _, _ in sets}
+    for k, i in enumerate(active):
+        flags[sets[i][0]] = counts[k * n : (k + 1) * n] > 0
+    return pl.DataFrame({"qid": pts.get_column("qid"), **flags}).lazy()
 
 
 def assign_phases(events: pl.DataFrame, operators: pl.DataFrame, names: NameIndex | None = None) -> pl.DataFrame:

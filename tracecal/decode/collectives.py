@@ -20,6 +20,7 @@ import itertools
 from collections.abc import Collection
 from dataclasses import dataclass
 
+import numpy as np
 import orjson
 import polars as pl
 
@@ -403,26 +404,29 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
     iv, allpts = pl.collect_all([iv_lazy, pts_lazy.with_columns(pl.col("_q").cast(pl.Int64))], engine=ENGINE)
     lane = ("rank", "pid", "tid", "tag")
     cov = covered(iv, allpts.select(*lane, pl.col("_q").alias("qid"), "t"), lane=lane)
-    hit = allpts.lazy().join(cov.lazy().rename({"qid": "_q"}), on="_q", how="left").filter(pl.col("count") > 0)
-    role_of = {i: role for i, (role, _) in enumerate(SCOPE_ROLES)}
-    roles = (
-        hit.filter(pl.col("tag") < len(SCOPE_ROLES))
-        .sort("tag")
-        .group_by("qid")
-        .agg(pl.col("tag").first().replace_strict(role_of, return_dtype=pl.Utf8).alias("scope_role"))
-    )
+    # row k·n + j of the points is point j asked about set active[k] (launch points are unique)
+    counts = np.zeros(allpts.height, dtype=np.int64)
+    counts[cov.get_column("qid").to_numpy()] = cov.get_column("count").to_numpy()
+    n = pts.height
+    inside = {i: counts[k * n : (k + 1) * n] > 0 for k, i in enumerate(active)}
+    role = np.full(n, -1)
+    for i in reversed(active):  # the first role of SCOPE_ROLES wins
+        if i < len(SCOPE_ROLES):
+            role[inside[i]] = i
+    anything = np.logical_or.reduce(list(inside.values()))
+    none = np.zeros(n, dtype=bool)
     nxt, prv = len(SCOPE_ROLES), len(SCOPE_ROLES) + 1  # _DIRECTIONS: _next, then _prev
-    dirs = hit.group_by("qid").agg(
-        (pl.col("tag") == nxt).any().alias("_next"), (pl.col("tag") == prv).any().alias("_prev")
+    found = pl.DataFrame(
+        {
+            "uid": pts.get_column("qid"),
+            "scope_role": [SCOPE_ROLES[r][0] if r >= 0 else None for r in role.tolist()],
+            # NULL for a launch no scope of any set encloses, as the role
+            "_next": pl.Series(inside.get(nxt, none)).set(pl.Series(~anything), None),
+            "_prev": pl.Series(inside.get(prv, none)).set(pl.Series(~anything), None),
+        },
+        schema={"uid": pl.Int64, "scope_role": pl.Utf8, "_next": pl.Boolean, "_prev": pl.Boolean},
     )
-    return (
-        inst.lazy()
-        .select(pl.col("uid").alias("qid"))
-        .join(roles, on="qid", how="left")
-        .join(dirs, on="qid", how="left")
-        .rename({"qid": "uid"})
-        .collect(engine=ENGINE)
-    )
+    return inst.lazy().select("uid").join(found.lazy(), on="uid", how="left").collect(engine=ENGINE)
 
 
 _ROW_SCHEMA = {
