@@ -1,10 +1,8 @@
-"""Concurrent compute sampling (``--processes``) and the host allocator setting shared with the workload."""
+"""Concurrent compute sampling (``--processes``): every point once, in other processes, errors surfaced."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -82,33 +80,40 @@ def test_processes_must_be_positive_and_cpu_only(db_path: Path) -> None:
         assert con.execute("SELECT count(*) FROM samples").fetchall() == [(0,)]
 
 
-# What the retained allocator changes: a training-like step (a forward and its backward on 1 MiB
-# activations, as in the reference workload) pays page faults on fresh pages without it.
-_FAULTS = """
-import resource, sys, torch
-if sys.argv[1] == "retain":
-    from tracecal.samplers.allocator import retain_freed_memory
-    assert retain_freed_memory() is not None
-torch.set_num_threads(1)
-x = torch.randn(256, 1024, requires_grad=True)
-def step():
-    y = torch.nn.functional.gelu(x) * 2.0
-    return torch.autograd.grad(y.sum(), [x])
-step(); step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(50):
-    step()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 50)
-"""
+def test_passes_spread_the_repeats_and_merge_them_into_one_sample(db_path: Path) -> None:
+    points = _points(4)
+    settings = ComputeSettings(cluster="ci-cpu", warmup=1, repeats=2, passes=3, processes=2)
+    totals: set[int] = set()
+    with open_database(db_path) as con:
+        report = sample_compute(con, points, settings, progress=lambda done, total, label: totals.add(total))
+        assert (report.planned, report.written) == (4, 4)
+        assert totals == {12}  # 3 passes over 4 points
+        rows = con.execute("SELECT median_ns, min_ns, repeats, params_json FROM samples").fetchall()
+    assert len(rows) == 4
+    for median, low, repeats, params in rows:
+        assert repeats == 6 and 0 < low <= median
+        assert orjson.loads(params)["passes"] == 3
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
-def test_retained_memory_spares_the_page_faults_of_fresh_tensors() -> None:
-    def faults(mode: str) -> float:
-        out = subprocess.run([sys.executable, "-c", _FAULTS, mode], capture_output=True, text=True, check=True)
-        return float(out.stdout.strip())
+def test_a_point_skipped_in_the_first_pass_is_not_timed_again(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracecal.samplers import cases
 
-    default, retained = faults("default"), faults("retain")
-    # measured here: 384 faults per step (1.5 MiB of fresh pages) with glibc's defaults, 5-10 retained
-    assert default > 200, default
-    assert retained < 50, retained
+    points = _points(2)
+    real_build = cases.build
+    builds: list[GridPoint] = []
+
+    def build(point: GridPoint, device: str, autograd: bool = True) -> cases.Built:
+        builds.append(point)
+        if point == points[0]:
+            raise RuntimeError("not implemented for this dtype")
+        return real_build(point, device, autograd)
+
+    monkeypatch.setattr(cases, "build", build)
+    settings = ComputeSettings(cluster="ci-cpu", warmup=0, repeats=1, passes=3)
+    with open_database(db_path) as con:
+        report = sample_compute(con, points, settings)
+        assert report.written == 1 and len(report.skipped) == 1
+        assert con.execute("SELECT repeats FROM samples").fetchall() == [(3,)]
+    assert builds.count(points[0]) == 1 and builds.count(points[1]) == 3
+    with open_database(db_path) as con, pytest.raises(SampleError, match="--passes must be ≥ 1"):
+        sample_compute(con, points[1:], ComputeSettings(cluster="other", passes=0))

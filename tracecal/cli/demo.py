@@ -54,8 +54,11 @@ def demo(
     pp: Annotated[int, typer.Option(help="Pipeline stages of the reference workload.")] = 2,
     tp: Annotated[int, typer.Option(help="Tensor-parallel ranks per stage.")] = 1,
     dp: Annotated[int, typer.Option(help="Data-parallel replicas.")] = 1,
-    steps: Annotated[int, typer.Option(help="Training steps (the profiler records the last steps-2).")] = 6,
-    repeats: Annotated[int, typer.Option(help="Timed repeats per sampled shape.")] = 6,
+    steps: Annotated[int, typer.Option(help="Training steps (the profiler records the last steps-2).")] = 10,
+    repeats: Annotated[int, typer.Option(help="Timed repeats per sampled shape in each pass.")] = 2,
+    passes: Annotated[
+        int, typer.Option(help="Sampling passes over all shapes (a shape's repeats spread over the run).", min=1)
+    ] = 3,
     processes: Annotated[
         int | None,
         typer.Option(
@@ -78,7 +81,7 @@ def demo(
         stdout.print(f"tracecal demo in {work}")
         run_id = _train(run_dir, pp, tp, dp, steps, timings)
         _ingest(db, run_dir, run_id, timings)
-        _sample(db, run_id, repeats, processes or pp * tp * dp, timings)
+        _sample(db, run_id, repeats, passes, processes or pp * tp * dp, timings)
         model = _calibrate(db, timings)
         _predict(db, run_id, model, figures, timings)
         wall = {k: v for k, v in timings.items() if not k.endswith("_cpu")}
@@ -145,7 +148,7 @@ def neighbourhood(points: list[Any]) -> list[Any]:
     return list(out)
 
 
-def _sample(db: Path, run_id: str, repeats: int, processes: int, timings: dict[str, float]) -> None:
+def _sample(db: Path, run_id: str, repeats: int, passes: int, processes: int, timings: dict[str, float]) -> None:
     from tracecal.samplers.compute import ComputeSettings, sample_compute
     from tracecal.samplers.from_run import run_points
     from tracecal.sql.connection import open_database
@@ -157,8 +160,15 @@ def _sample(db: Path, run_id: str, repeats: int, processes: int, timings: dict[s
             points = neighbourhood(plan.points)
             # as many concurrent samplers as the workload had ranks on this node: each traced operator
             # ran while the other ranks competed for the cores, caches and memory bandwidth
+            # and the repeats of a shape spread over passes, so a burst of load from other jobs
+            # disturbs one pass of many shapes rather than every repeat of a few
             settings = ComputeSettings(
-                cluster=CLUSTER, warmup=2, repeats=repeats, source_file=f"run:{run_id}", processes=processes
+                cluster=CLUSTER,
+                warmup=1,
+                repeats=repeats,
+                passes=passes,
+                source_file=f"run:{run_id}",
+                processes=processes,
             )
             with progress_bar() as bar:
                 task = bar.add_task("sampling", total=None)

@@ -24,7 +24,6 @@ import pyarrow as pa
 
 from tracecal.errors import SampleError
 from tracecal.samplers import cases
-from tracecal.samplers.allocator import retain_freed_memory
 from tracecal.samplers.concurrent import measure_concurrently
 from tracecal.samplers.grid import GridPoint
 from tracecal.samplers.timing import (
@@ -66,6 +65,13 @@ class ComputeSettings:
     ``profiler`` times the call as a CPU trace measures an operator (its own profiler events). Not
     the default: on the PP2 demo it changed the prediction error by less than the run-to-run noise
     and doubled the sampling time (README, prediction section)."""
+    passes: int = 1
+    """Sweeps over all the points, each timing ``repeats`` calls of every point (with its warm-up),
+    so a point's repeats are spread over the whole sampling run instead of a few consecutive
+    milliseconds: a burst of load from other processes then disturbs one pass of many points, not
+    every repeat of one shape and its neighbours (on the shared 2-core VM one 8-second burst made
+    a whole GEMM neighbourhood's medians 10× slow, and the calibrated model with them). Samples are
+    written when the last pass measured them."""
     processes: int = 1
     """Worker processes timing points at the same time (CPU; ``samplers.concurrent``): set it to the
     number of ranks the modelled workload runs on one node, so samples carry the contention for
@@ -136,24 +142,57 @@ def sample_compute(
     env = sampler_env(settings.device)
     report = ComputeReport()
     todo = pending(con, points, settings, env, report)
+    if settings.passes < 1:
+        raise SampleError(f"--passes must be ≥ 1, not {settings.passes}")
+    ids = {point: sid for point, sid in todo}
+    timed: dict[str, list[float]] = {}  # sample_id -> durations of the passes so far
     rows: list[dict[str, Any]] = []
     last_flush = time.perf_counter()
+    done = 0
     try:
-        for done, (point, row) in enumerate(_outcomes(todo, settings, env, extra_params), start=1):
-            if isinstance(row, str):
-                report.skipped.append((point, row))
-            else:
-                rows.append(row)
-            if rows and time.perf_counter() - last_flush >= settings.flush_every_s:
-                report.written += _flush(con, rows)
-                rows = []
-                last_flush = time.perf_counter()
-            if progress is not None:
-                progress(done, len(todo), f"{point.family} {point.op} {point.direction}")
+        for index in range(settings.passes):
+            last = index == settings.passes - 1
+            skipped: set[str] = set()
+            for point, row in _outcomes(todo, settings, env, extra_params):
+                done += 1
+                if isinstance(row, str):
+                    report.skipped.append((point, row))
+                    skipped.add(ids[point])
+                else:
+                    durations = timed.setdefault(ids[point], [])
+                    durations.extend(row.pop(_DURATIONS))
+                    if last:
+                        rows.append(_with_stats(row, durations, settings.passes))
+                if rows and time.perf_counter() - last_flush >= settings.flush_every_s:
+                    report.written += _flush(con, rows)
+                    rows = []
+                    last_flush = time.perf_counter()
+                if progress is not None:
+                    progress(done, len(todo) * settings.passes, f"{point.family} {point.op} {point.direction}")
+            todo = [(p, sid) for p, sid in todo if sid not in skipped]  # skipped once: not retried
     finally:  # keep what was measured, also on Ctrl-C: the next run resumes after it
         report.written += _flush(con, rows)
     report.seconds = time.perf_counter() - started
     return report
+
+
+_DURATIONS = "_durations"
+"""Key of a measured row's per-repeat durations until the passes are merged (not a column)."""
+
+
+def _with_stats(row: dict[str, Any], durations: list[float], passes: int) -> dict[str, Any]:
+    """``row`` with the statistics of every pass's repeats, and the pass count in ``params_json``."""
+    stats = summarize(durations)
+    params = msgspec.json.decode(row["params_json"])
+    params["passes"] = passes
+    return {
+        **row,
+        "median_ns": stats.median_ns,
+        "min_ns": stats.min_ns,
+        "iqr_ns": stats.iqr_ns,
+        "repeats": stats.repeats,
+        "params_json": msgspec.json.encode(params).decode(),
+    }
 
 
 def _outcomes(
@@ -212,17 +251,14 @@ def pending(
 
 @contextmanager
 def _device_scope(settings: ComputeSettings) -> Iterator[None]:
-    """For the run: on CPU, torch's intra-op thread count (restored afterwards) and freed host memory
-    kept in the process (``allocator.retain_freed_memory``, as the reference workload's ranks do: a
-    sample then never pays page faults its traced call did not); on CUDA, the sampled device as the
-    current one, so CUDA events and ``synchronize`` act on the device the ops run on."""
+    """For the run: on CPU, torch's intra-op thread count (restored afterwards); on CUDA, the sampled
+    device as the current one, so CUDA events and ``synchronize`` act on the device the ops run on."""
     import torch
 
     if settings.device.startswith("cuda"):
         with torch.cuda.device(torch.device(settings.device)):
             yield
         return
-    retain_freed_memory()  # process-wide and harmless to repeat; not undone (freed blocks stay ours)
     if settings.threads is None:
         yield
         return
@@ -274,7 +310,6 @@ def _measure(
 
     if settings.device == "cpu":
         params["threads"] = torch.get_num_threads()
-        params["host_allocator"] = retain_freed_memory()  # the settings _device_scope applied
     else:  # fp32 GEMMs differ several-fold with TF32: say which was timed
         params["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
         params["l2_flush_bytes"] = L2_FLUSH_BYTES
@@ -283,6 +318,7 @@ def _measure(
         params.update(extra_params(point))
     row: dict[str, Any] = {name: None for name in SAMPLES.column_names}
     row.update(cases.shape_columns(point))
+    row[_DURATIONS] = durations
     row.update(
         sample_id=sid,
         cluster=settings.cluster,

@@ -42,11 +42,6 @@ class WorkloadConfig:
     ``threads`` is the CPU threads per rank; 0 means ``max(1, cores // ranks on the node)``. On a
     machine already busy with other work, 1 can be much faster than 2 (OpenMP threads that wait for
     each other on oversubscribed cores).
-
-    ``retain_memory`` keeps freed host memory in each rank's process (``samplers.allocator``), as
-    the CUDA caching allocator keeps device blocks; without it glibc returns large freed blocks to
-    the kernel and operators writing fresh tensors pay a page fault per 4 KiB (2.4× on an
-    ``aten::gelu_backward`` of 1 MiB here).
     """
 
     pp: int = 2
@@ -73,7 +68,6 @@ class WorkloadConfig:
     timeout_s: float = 300.0
     threads: int = 0
     vocab_parallel: bool = False
-    retain_memory: bool = True
 
     # --- derived sizes -------------------------------------------------------------------------------
 

@@ -25,7 +25,6 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
 from tracecal.errors import WorkloadError
-from tracecal.samplers.allocator import retain_freed_memory
 from tracecal.samplers.workload.config import WorkloadConfig
 from tracecal.samplers.workload.model import GPTStage, micro_batches
 from tracecal.samplers.workload.parallel import ParallelState, init_parallel
@@ -104,7 +103,6 @@ def train_rank(cfg: WorkloadConfig, out_dir: Path) -> dict[str, Any] | None:
         WorkloadError: inconsistent configuration or environment.
     """
     cfg.validate()
-    allocator = retain_freed_memory() if cfg.retain_memory else None
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     threads = cfg.threads or threads_per_rank(local_world)
     torch.set_num_threads(threads)
@@ -113,14 +111,12 @@ def train_rank(cfg: WorkloadConfig, out_dir: Path) -> dict[str, Any] | None:
     # On failure the process group is deliberately left alone: the caller reports the error first,
     # and only then does the exiting process close its connections, which makes the other ranks fail
     # too — so the first error reported is the cause, not a "connection closed by peer".
-    result = _train(cfg, state, out_dir, threads, allocator)
+    result = _train(cfg, state, out_dir, threads)
     dist.destroy_process_group()
     return result
 
 
-def _train(
-    cfg: WorkloadConfig, state: ParallelState, out_dir: Path, threads: int, allocator: dict[str, Any] | None
-) -> dict[str, Any] | None:
+def _train(cfg: WorkloadConfig, state: ParallelState, out_dir: Path, threads: int) -> dict[str, Any] | None:
     if os.environ.get(FAULT_ENV) == str(state.rank):
         raise RuntimeError(f"fault injected by {FAULT_ENV}={state.rank}")
     device = state.device
@@ -191,7 +187,6 @@ def _train(
     with contextlib.suppress(OSError):  # other files in it are not ours to delete
         tmp_dir.rmdir()
     run = _run_json(cfg, state, threads, loss_sum.cpu().tolist(), facts.cpu().tolist())
-    run["host_allocator"] = allocator  # rank 0's; every rank applies the same configuration
     tmp = out_dir / ".run.json.tmp"
     tmp.write_text(json.dumps(run, indent=2) + "\n")
     os.replace(tmp, out_dir / "run.json")
