@@ -95,15 +95,14 @@ class EdgeBuilder:
         t = np.empty(2 * n, dtype=np.int64)
         t[0::2] = self.start
         t[1::2] = self.end
-        # lag = min(t[dst] - t[src], nominal), with one scratch array
+        # lag = min(t[dst] - t[src], nominal), reading t[src] once for this and the slack below
+        t_src = t[src]
         diff = t[dst]
-        diff -= t[src]
+        diff -= t_src
         np.minimum(lag, diff, out=lag)
         del diff
-        _absorb_slack(t, src, dst, lag)
-        has_in = np.zeros(2 * n, dtype=bool)
-        has_in[dst] = True
-        release = np.where(has_in, NO_TIME, t)
+        best = _absorb_slack(t, t_src, dst, lag)
+        release = np.where(best == NO_TIME, t, NO_TIME)  # no in-edge: a root, released at its time
         return src, dst, lag, kind, release
 
 
@@ -127,12 +126,14 @@ def infer_edges(nodes: pl.DataFrame) -> tuple[EdgeBuilder, np.ndarray, np.ndarra
     return b, coupled, b.sync_nodes
 
 
-def _absorb_slack(t: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> None:
+def _absorb_slack(t: np.ndarray, t_src: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> np.ndarray:
     """Add each point's unexplained delay to its binding edge (in place), so measured replay is exact.
 
     A point whose latest constraint ``max(t[src] + lag)`` falls short of its measured time gets the
-    difference added to the lag of one edge that attains that maximum (the last such edge)."""
-    val = t[src]
+    difference added to the lag of one edge that attains that maximum (the last such edge).
+    ``t_src`` is ``t[src]`` (consumed: overwritten). Returns that latest constraint per point
+    (``NO_TIME`` for a point without in-edges)."""
+    val = t_src
     val += lag
     best = np.full(t.size, NO_TIME, dtype=np.int64)
     np.maximum.at(best, dst, val)
@@ -144,6 +145,7 @@ def _absorb_slack(t: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarr
     binding[dst[edges]] = edges  # one binding edge per point (the last of the tied ones)
     points = np.flatnonzero(short & (binding >= 0))
     lag[binding[points]] += t[points] - best[points]
+    return best
 
 
 def chain_predecessors(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -119,11 +119,14 @@ class ReplayGraph:
 @dataclass(frozen=True)
 class Schedule:
     """Edges in rounds of Kahn's algorithm: ``edge_order[level_bounds[i]:level_bounds[i + 1]]`` are
-    the out-edges of the points that became ready in round ``i`` (round 0: the roots)."""
+    the out-edges of the points that became ready in round ``i`` (round 0: the roots). ``src`` and
+    ``dst`` are the graph's edge ends already in that order (every replay reads them)."""
 
     edge_order: np.ndarray
     level_bounds: np.ndarray
     roots: np.ndarray
+    src: np.ndarray = field(repr=False, default_factory=lambda: np.empty(0, np.int64))
+    dst: np.ndarray = field(repr=False, default_factory=lambda: np.empty(0, np.int64))
 
 
 # --- building ----------------------------------------------------------------------------------------
@@ -443,5 +446,9 @@ def topological_schedule(n_points: int, src: np.ndarray, dst: np.ndarray) -> Sch
             "the trace's ordering is inconsistent (report this run)"
         )
     edge_order = np.concatenate(chunks) if chunks else np.empty(0, np.int64)
+    if edge_order.size and src.size < np.iinfo(np.int32).max:
+        edge_order = edge_order.astype(np.int32)  # edge ids fit: half the memory
     level_bounds = np.concatenate([[0], np.cumsum([c.size for c in chunks])]).astype(np.int64)
-    return Schedule(edge_order=edge_order, level_bounds=level_bounds, roots=roots)
+    return Schedule(
+        edge_order=edge_order, level_bounds=level_bounds, roots=roots, src=src[edge_order], dst=dst[edge_order]
+    )

@@ -36,9 +36,10 @@ def replay(graph: ReplayGraph, durations_ns: np.ndarray | None = None) -> np.nda
     lag = edge_lags(graph, durations_ns)
     sched = graph.schedule
     t = graph.release.copy()
-    order, bounds = sched.edge_order, sched.level_bounds
-    # edges laid out round by round once, so each round is three contiguous slices
-    src, dst, lag = graph.src[order], graph.dst[order], lag[order]
+    bounds = sched.level_bounds
+    # edges laid out round by round (the schedule keeps src and dst in that order), so each round is
+    # three contiguous slices
+    src, dst, lag = sched.src, sched.dst, lag[sched.edge_order]
     for i in range(bounds.size - 1):
         a, b = bounds[i], bounds[i + 1]
         np.maximum.at(t, dst[a:b], t[src[a:b]] + lag[a:b])
