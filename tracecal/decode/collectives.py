@@ -249,17 +249,26 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | 
     )
     lane = ("rank", "pid", "tid", "tag")
     found = enclosing(iv, allpts.select(*lane, pl.col("_q").alias("qid"), "t"), lane=lane)
-    hit = allpts.lazy().select("_q", "qid", "tag").join(found.lazy().rename({"qid": "_q"}), on="_q", how="left")
+    # row k·n + j of the points is point j asked about context active[k] (launch points are unique)
+    ids = found.get_column("id").gather(pl.Series(np.argsort(found.get_column("qid").to_numpy())))
+    n = pts.height
+    out = pl.DataFrame({"uid": pts.get_column("qid"), **{f"_id{i}": ids.slice(k * n, n) for k, i in enumerate(active)}})
     # the few enclosing rows first: a join against all events would hash all of them
     attrs = lev.join(found.lazy().select(pl.col("id").alias("uid")), on="uid", how="semi")
-    hit = hit.join(attrs.select(pl.col("uid").alias("id"), *_ATTRS), on="id", how="left")
-    out = inst.lazy().select("uid")
-    for i, (prefix, _, _) in enumerate(_CONTEXT):
-        part = hit.filter(pl.col("tag") == i).select(
-            pl.col("qid").alias("uid"), *[pl.col(c).alias(prefix + c) for c in _ATTRS]
-        )
-        out = out.join(part, on="uid", how="left")
-    return out.collect(engine=ENGINE)
+    attrs = attrs.select(pl.col("uid").alias("_id"), *_ATTRS)
+    lazy = out.lazy()
+    for i in active:
+        prefix = _CONTEXT[i][0]
+        lazy = lazy.join(attrs.rename({"_id": f"_id{i}", **{c: prefix + c for c in _ATTRS}}), on=f"_id{i}", how="left")
+    missing = [
+        pl.lit(None, dtype=events.schema[c]).alias(tag + c)
+        for i, (tag, _, _) in enumerate(_CONTEXT)
+        if i not in active
+        for c in _ATTRS
+    ]
+    columns = ["uid", *[tag + c for tag, _, _ in _CONTEXT for c in _ATTRS]]
+    lazy = lazy.with_columns(missing).select(columns)
+    return inst.lazy().select("uid").join(lazy, on="uid", how="left").collect(engine=ENGINE)
 
 
 def layout_group(rank: int, role: str, layout: Layout) -> list[int] | None:
