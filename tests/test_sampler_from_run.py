@@ -33,6 +33,10 @@ TRACED = [
     ("elementwise", "aten::add", [[8, 16], [16], []], [F, F, "Scalar"], "fwd", None),  # broadcasting
     ("elementwise", "aten::gelu", [[8, 64], []], [F, ""], "fwd", None),
     ("optimizer", "aten::_fused_adamw_", [[[64], [32]], [[64], [32]]], ["TensorList", "TensorList"], "optimizer", None),
+    # AdamW without foreach: per-parameter elementwise ops, each sampled as itself
+    ("elementwise", "aten::addcdiv_", [[8, 16], [8, 16], [8, 16], []], [F, F, F, "Scalar"], "optimizer", None),
+    ("elementwise", "aten::sqrt", [[2, 4, 16]], [F], "optimizer", None),
+    ("elementwise", "aten::lerp_", [[8, 16], [16], []], [F, F, "Scalar"], "optimizer", None),  # broadcasting
 ]  # fmt: skip
 
 
@@ -66,11 +70,14 @@ def test_traced_calls_map_to_points_with_their_shapes_and_reasons_for_the_rest(d
         ("aten::gelu", "fwd", "float32", (("tokens", 8), ("hidden", 64))),
         ("aten::gelu", "bwd", "float32", (("tokens", 8), ("hidden", 64))),
         ("Optimizer.step#AdamW.step", "fwd", "float32", (("params", 96), ("tensors", 2))),
+        ("aten::addcdiv_", "fwd", "float32", (("tokens", 8), ("hidden", 16))),  # no bwd: not a forward call
+        ("aten::sqrt", "fwd", "float32", (("tokens", 8), ("hidden", 16))),
     }  # fmt: skip
     reasons = {op: reason for op, reason in plan.unmapped}
     assert reasons["aten::native_layer_norm_backward"].startswith("backward op")
     assert reasons["aten::_scaled_dot_product_efficient_attention"].startswith("causality unknown")
     assert reasons["aten::add"].startswith("broadcasting")
+    assert reasons["aten::lerp_"].startswith("broadcasting")
     assert reasons["aten::mm"].startswith("dtype float64 is not sampled")
     mm_fwd = next(p for p in plan.points if p.op == "aten::mm" and p.dims == mm and p.direction == "fwd")
     assert plan.params_for(mm_fwd) == {

@@ -124,6 +124,50 @@ def _record_rows(op: str) -> Callable[[dict[str, Any], str], Record]:
     return record
 
 
+INPLACE_OPS = ("aten::copy_", "aten::fill_", "aten::zero_", "aten::sqrt", "aten::lerp_", "aten::addcdiv_",
+               "aten::addcmul_")  # fmt: skip
+"""Single-tensor elementwise calls of a training step that are not activation functions: the
+optimizer's per-parameter arithmetic (``torch.optim.AdamW`` without ``foreach``: sqrt, lerp_,
+addcdiv_, addcmul_), gradient zeroing and initialisation (fill_, zero_) and layout copies (copy_).
+Their costs differ several-fold at the same size (fill_ writes one tensor, addcdiv_ reads three and
+writes one, sqrt allocates its output), so each is sampled as itself."""
+
+
+def _record_inplace(op: str) -> Callable[[dict[str, Any], str], Record]:
+    def record(d: dict[str, Any], t: str) -> Record:
+        x = [d["tokens"], d["hidden"]]
+        if op in ("aten::sqrt", "aten::zero_"):
+            return [x], [t], [""]
+        if op == "aten::fill_":
+            return [x, []], [t, "Scalar"], ["", "0.5"]
+        if op in ("aten::copy_", "aten::lerp_"):
+            return [x, x, []], [t, t, "Scalar"], ["", "", "False" if op == "aten::copy_" else "0.1"]
+        return [x, x, x, []], [t, t, t, "Scalar"], ["", "", "", "0.1"]  # addcdiv_, addcmul_
+
+    return record
+
+
+def _build_inplace(op: str) -> Builder:
+    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Any, ...]:
+        torch = _torch()
+        shape = (d["tokens"], d["hidden"])
+        # plain tensors (no autograd): the optimizer and gradient bookkeeping run outside the graph
+        x, a = torch.randn(shape, dtype=dtype, device=device), torch.randn(shape, dtype=dtype, device=device)
+        b = torch.rand(shape, dtype=dtype, device=device) + 1  # a positive divisor / radicand
+        calls = {
+            "aten::copy_": lambda: x.copy_(a),
+            "aten::fill_": lambda: x.fill_(0.5),
+            "aten::zero_": lambda: x.zero_(),
+            "aten::sqrt": lambda: torch.sqrt(b),
+            "aten::lerp_": lambda: x.lerp_(a, 0.1),
+            "aten::addcdiv_": lambda: x.addcdiv_(a, b, value=0.1),
+            "aten::addcmul_": lambda: x.addcmul_(a, b, value=0.1),
+        }
+        return calls[op], []
+
+    return build
+
+
 def _record_embedding(d: dict[str, Any], t: str) -> Record:
     dims = [[d["vocab"], d["hidden"]], [d["tokens"]], [], [], []]
     return dims, [t, "long int", "Scalar", "Scalar", "Scalar"], ["", "", "-1", "False", "False"]
@@ -278,6 +322,7 @@ OP_SPECS: dict[tuple[str, str], OpSpec] = {
           for op in ("aten::gelu", "aten::silu", "aten::mul")),
         # add's backward only passes the gradient through: there is no kernel to time.
         _spec("elementwise", "aten::add", _ROWS, _record_rows("aten::add"), _build_rows("aten::add"), bwd=False),
+        *(_spec("elementwise", op, _ROWS, _record_inplace(op), _build_inplace(op), bwd=False) for op in INPLACE_OPS),
         _spec("embedding", "aten::embedding", "tokens vocab hidden", _record_embedding, _build_embedding),
         _spec("loss", "aten::cross_entropy_loss", "tokens vocab", _record_loss, _build_loss),
         *(_spec("optimizer", f"Optimizer.step#{name}.step", "params", _record_optimizer, _build_optimizer(name),

@@ -11,7 +11,9 @@ grid point of the compute sampler:
 
 Mapping is by the CPU operator name (``map_call``): gemm (mm, addmm, bmm, baddbmm, linear, matmul),
 SDPA and its flash/efficient/cudnn variants, softmax, layer/RMS norm, gelu/silu/add/mul without
-broadcasting, embedding, cross-entropy, and fused Adam/AdamW over TensorLists. Everything else —
+broadcasting, the optimizer's and the gradient bookkeeping's single-tensor ops (``cases.INPLACE_OPS``:
+copy_, fill_, zero_, sqrt, lerp_, addcdiv_, addcmul_ on same-shape operands), embedding,
+cross-entropy, and fused Adam/AdamW over TensorLists. Everything else —
 backward aten ops (sampled through their forward op's ``bwd``), other dtypes, broadcasting
 elementwise calls, unknown causality — is reported per op with the reason, never guessed.
 """
@@ -28,7 +30,7 @@ import orjson
 
 from tracecal.decode.shapes import normalize_dtype
 from tracecal.errors import RunNotFoundError, SampleError
-from tracecal.samplers.cases import DTYPE_NAMES, OP_SPECS
+from tracecal.samplers.cases import DTYPE_NAMES, INPLACE_OPS, OP_SPECS
 from tracecal.samplers.grid import GridPoint
 from tracecal.sql.connection import query_arrow
 
@@ -142,6 +144,10 @@ def map_call(
         return _point("norm", "aten::rms_norm", dtype, **rows)
     if op in ("gelu", "gelu_", "silu", "silu_"):
         return _point("elementwise", f"aten::{op.rstrip('_')}", dtype, **rows)
+    if name in INPLACE_OPS:
+        if any(s != x for s in shapes):
+            return "broadcasting operands; not sampled"
+        return _point("elementwise", name, dtype, **rows)
     if op in ("add", "add_", "mul", "mul_"):
         if len(shapes) < 2 or shapes[1] != x:
             return "broadcasting or scalar operand; not sampled"
