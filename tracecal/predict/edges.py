@@ -95,14 +95,7 @@ class EdgeBuilder:
         t = np.empty(2 * n, dtype=np.int64)
         t[0::2] = self.start
         t[1::2] = self.end
-        # lag = min(t[dst] - t[src], nominal), reading t[src] once for this and the slack below
-        t_src = t[src]
-        diff = t[dst]
-        diff -= t_src
-        np.minimum(lag, diff, out=lag)
-        del diff
-        best = _absorb_slack(t, t_src, dst, lag)
-        release = np.where(best == NO_TIME, t, NO_TIME)  # no in-edge: a root, released at its time
+        release = _fit_lags(t, src, dst, lag)
         return src, dst, lag, kind, release
 
 
@@ -126,25 +119,39 @@ def infer_edges(nodes: pl.DataFrame) -> tuple[EdgeBuilder, np.ndarray, np.ndarra
     return b, coupled, b.sync_nodes
 
 
-def _absorb_slack(t: np.ndarray, t_src: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> np.ndarray:
-    """Add each point's unexplained delay to its binding edge (in place), so measured replay is exact.
+_CHUNK = 1 << 20
+"""Edges per slice when fitting lags: slice-sized scratch arrays are reused by the allocator, where
+edge-sized ones would be fresh memory (costly to touch, on a VM above all)."""
+
+
+def _fit_lags(t: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> np.ndarray:
+    """Fit the lags in place, given the nominal ones: ``lag = min(t[dst] - t[src], nominal)``, then
+    each point's unexplained delay goes to its binding edge, so measured replay is exact.
 
     A point whose latest constraint ``max(t[src] + lag)`` falls short of its measured time gets the
     difference added to the lag of one edge that attains that maximum (the last such edge).
-    ``t_src`` is ``t[src]`` (consumed: overwritten). Returns that latest constraint per point
-    (``NO_TIME`` for a point without in-edges)."""
-    val = t_src
-    val += lag
-    best = np.full(t.size, NO_TIME, dtype=np.int64)
-    np.maximum.at(best, dst, val)
+
+    Returns:
+        The release time of every point: its measured time for a root (no in-edge), else ``NO_TIME``.
+    """
+    best = np.full(t.size, NO_TIME, dtype=np.int64)  # latest constraint per point
+    for a in range(0, src.size, _CHUNK):
+        s_t = t[src[a : a + _CHUNK]]
+        d = dst[a : a + _CHUNK]
+        sub = lag[a : a + _CHUNK]
+        np.minimum(sub, t[d] - s_t, out=sub)
+        s_t += sub
+        np.maximum.at(best, d, s_t)
     short = best < t  # roots (no in-edge) are never a dst, so they are never looked up below
     edges = np.flatnonzero(short[dst])
-    edges = edges[val[edges] == best[dst[edges]]]
-    del val
+    edges = edges[t[src[edges]] + lag[edges] == best[dst[edges]]]
     binding = np.full(t.size, -1, dtype=np.int64)
     binding[dst[edges]] = edges  # one binding edge per point (the last of the tied ones)
     points = np.flatnonzero(short & (binding >= 0))
     lag[binding[points]] += t[points] - best[points]
+    root = best == NO_TIME
+    best[root] = t[root]  # the array becomes the release times
+    best[~root] = NO_TIME
     return best
 
 
