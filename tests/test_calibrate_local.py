@@ -21,6 +21,7 @@ from tracecal.calibrate.estimators import DurationRegressor
 from tracecal.calibrate.features import feature_frame, informative_phase, usable_features
 from tracecal.calibrate.fitting import GroupKey, fit_group
 from tracecal.calibrate.local import K_GRID, MEDIAN, LocalLinear, _weighted_median
+from tracecal.calibrate.selection import select_model
 from tracecal.calibrate.validation import holdout_split
 from tracecal.cli.main import app
 from tracecal.config import model_store_dir
@@ -168,3 +169,14 @@ def test_weighted_median_shape_for_skewed_noise() -> None:
     # off the truth by less than a quarter of what the best local line is (the outliers pull the line)
     truth = 0.001 * key
     assert np.mean(np.abs(model.predict(key) - truth)) < 0.25 * np.mean(np.abs(line.predict(key) - truth))
+
+
+def test_selection_skips_the_smoother_without_a_usable_key() -> None:
+    f, y = _sweep(0.0)
+    columns = [c for c in usable_features(f) if c != "log_bus_bytes"]
+    selection = select_model(f, y, feature_columns=columns, physical_columns=("ring_steps", "bus_bytes"),
+                             candidates=[{"kind": "physical"}, {"kind": "local"}])  # fmt: skip
+    assert set(selection.scores) == {"physical"}
+    with_key = select_model(f, y, feature_columns=usable_features(f), physical_columns=("ring_steps", "bus_bytes"),
+                            candidates=[{"kind": "physical"}, {"kind": "local"}])  # fmt: skip
+    assert set(with_key.scores) == {"physical", "local"}

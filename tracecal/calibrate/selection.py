@@ -123,6 +123,8 @@ def select_model(
         params = {**base, **candidate}
         if params["kind"] != "physical" and not feature_columns:
             continue
+        if params["kind"] == "local" and params.get("local_column", "log_bus_bytes") not in feature_columns:
+            continue  # no usable key (all missing or one size): nothing to smooth along
         label = _label(params)
         prediction = np.empty(len(y))
         for test in parts:
