@@ -312,7 +312,8 @@ MODELS = Table(
         ("direction", "VARCHAR", "fwd or bwd"),
         ("op", "VARCHAR", "source op or collective the model serves; NULL when the whole family"),
         ("topology", "VARCHAR", "nodes x gpus_per_node for collectives; NULL otherwise"),
-        ("model_kind", "VARCHAR", "xgboost, random_forest, physical"),
+        ("model_kind", "VARCHAR", "physical, random_forest, xgboost, blend (forest x booster), local (smoother "
+         "along log size), local_forest (smoother x forest)"),
         ("hyperparams_json", "VARCHAR", "chosen hyper-parameters as JSON text"),
         ("features_json", "VARCHAR", "feature column list as JSON text"),
         ("n_train", "INTEGER", "training samples"),

@@ -34,7 +34,7 @@ COMMENT ON COLUMN models.family IS 'op family or comm';
 COMMENT ON COLUMN models.direction IS 'fwd or bwd';
 COMMENT ON COLUMN models.op IS 'source op or collective the model serves; NULL when the whole family';
 COMMENT ON COLUMN models.topology IS 'nodes x gpus_per_node for collectives; NULL otherwise';
-COMMENT ON COLUMN models.model_kind IS 'xgboost, random_forest, physical';
+COMMENT ON COLUMN models.model_kind IS 'physical, random_forest, xgboost, blend (forest x booster), local (smoother along log size), local_forest (smoother x forest)';
 COMMENT ON COLUMN models.hyperparams_json IS 'chosen hyper-parameters as JSON text';
 COMMENT ON COLUMN models.features_json IS 'feature column list as JSON text';
 COMMENT ON COLUMN models.n_train IS 'training samples';
