@@ -1,4 +1,4 @@
-"""Duration regressors: a physical baseline and tree ensembles on its log residual.
+"""Duration regressors: a physical baseline, and tree ensembles or a local smoother on its log residual.
 
 Both follow scikit-learn's estimator contract (``__init__`` stores hyper-parameters only, ``fit``
 returns ``self``, learned state ends in ``_``, ``predict`` checks it is fitted), take a polars frame of
@@ -9,7 +9,9 @@ Why a residual: the baseline (roofline-style ``a + flops/peak + bytes/bandwidth`
 the trees only learn ``log(duration / baseline)``, a small, bounded correction (wave quantisation,
 kernel switches, protocol changes). Fitting on a log scale makes the squared loss a relative one,
 which is what MAPE scores. ``scale`` is a final multiplicative factor chosen by cross-validation
-(``selection``): the MAPE-optimal prediction of a noisy duration sits below its median.
+(``selection``): the MAPE-optimal prediction of a noisy duration sits below its median. For
+one-dimensional sweeps (a collective's sizes) the residual can instead be smoothed along log size
+(``local.LocalLinear``), whose neighbourhood follows noise that neighbouring sizes share.
 """
 
 from __future__ import annotations

@@ -2,9 +2,10 @@
 
 Not the published exhaustive grids (1 647 configurations × 5 folds per op): a handful of candidates
 that differ where it matters (physical baseline alone; forests with fine or smoothed leaves; shallow
-or deep boosting; the blend of the best forest and booster), scored by out-of-fold MAPE. The blend
-and the MAPE-optimal ``scale`` reuse the out-of-fold predictions, so they cost no extra fits. Seeds are
-fixed: the same data gives the same choice.
+or deep boosting; the blend of the best forest and booster; for collectives also the local smoother
+and its blend with the best forest), scored by out-of-fold MAPE. The blends and the MAPE-optimal
+``scale`` reuse the out-of-fold predictions, so they cost no extra fits. Seeds are fixed: the same
+data gives the same choice.
 """
 
 from __future__ import annotations
