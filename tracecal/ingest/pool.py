@@ -25,6 +25,7 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import sys
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -78,8 +79,9 @@ class ParserPool:
 
     def start(self) -> ParserPool:
         """Fork the helper processes now; call it before opening any DuckDB connection in this
-        process (see the module docstring). No-op for one worker or on a platform without fork."""
-        if self.workers > 1 and self._executor is None and "fork" in multiprocessing.get_all_start_methods():
+        process (see the module docstring). No-op for one worker, or off Linux (macOS system libraries
+        are not fork-safe; there the fork server is used)."""
+        if self.workers > 1 and self._executor is None and sys.platform.startswith("linux"):
             self._executor = ProcessPoolExecutor(
                 max_workers=self.workers - 1, mp_context=multiprocessing.get_context("fork")
             )
