@@ -76,15 +76,23 @@ def iteration_windows(events: pl.DataFrame, marker: str | None = None, names: Na
     cands = cands.with_columns(pl.col("end_ns").cum_max().shift(1).over("rank").alias("_prev_end"))
     cands = cands.filter(pl.col("_prev_end").is_null() | (pl.col("ts_ns") >= pl.col("_prev_end")))
     parts = []
-    for (rank,), group in cands.group_by("rank", maintain_order=True):
+    if cands.height:
+        # numbered per rank (rows are sorted by rank), one frame for all ranks
+        rank_of, names_of = cands.get_column("rank").to_list(), cands.get_column("name").to_list()
+        numbers: list[int] = []
+        start = 0
+        for end in range(1, len(rank_of) + 1):
+            if end == len(rank_of) or rank_of[end] != rank_of[start]:
+                numbers.extend(_number(names_of[start:end], compiled))
+                start = end
         parts.append(
             pl.DataFrame(
                 {
-                    "rank": [rank] * group.height,
-                    "iteration": _number(group["name"].to_list(), compiled),
-                    "marker": group["name"],
-                    "cpu_start_ns": group["ts_ns"],
-                    "cpu_end_ns": group["end_ns"],
+                    "rank": cands.get_column("rank"),
+                    "iteration": numbers,
+                    "marker": cands.get_column("name"),
+                    "cpu_start_ns": cands.get_column("ts_ns"),
+                    "cpu_end_ns": cands.get_column("end_ns"),
                 },
                 schema=_WINDOW_SCHEMA,
             )
