@@ -428,10 +428,9 @@ def _event_wait_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
     next_act, w_ts = found["next_act"].to_numpy(), found["w_ts"].to_numpy()
     act = found["act"].to_numpy()
     order = np.lexsort((act, found["l_ts"].to_numpy(), w_ts, next_act))
-    last = np.r_[(next_act[order][1:] != next_act[order][:-1]) | (w_ts[order][1:] != w_ts[order][:-1]), True]
-    cand = pl.DataFrame({"next_act": next_act[order][last], "act": act[order][last]})
-    dep = cand["act"].to_numpy()
-    nxt_act = cand["next_act"].to_numpy()
+    next_act, w_ts, act = next_act[order], w_ts[order], act[order]
+    last = np.r_[(next_act[1:] != next_act[:-1]) | (w_ts[1:] != w_ts[:-1]), True]
+    dep, nxt_act = act[last], next_act[last]
     ok = b.end[dep] <= b.start[nxt_act]  # an inferred dependency the trace contradicts is dropped
     b.add(2 * dep[ok] + 1, 2 * nxt_act[ok], 0, "event_wait")
 

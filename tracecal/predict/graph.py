@@ -194,7 +194,7 @@ def _features(inputs: ReplayInputs, nodes: pl.DataFrame) -> pl.DataFrame:
     frame = pl.concat(
         [
             acts.select(keep),
-            member.drop("rank", "event_id", "match_id"),
+            member.drop("rank", "event_id", "match_id", *[c for c in member.columns if c in keep]),
             nodes.slice(0, n_acts).select("node"),
         ],
         how="horizontal",
