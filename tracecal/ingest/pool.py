@@ -27,7 +27,7 @@ import multiprocessing
 import os
 import sys
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -97,10 +97,16 @@ class ParserPool:
         return self
 
     def parse(
-        self, files: Sequence[TraceFile], on_error: OnError, skipped: list[Skipped]
+        self,
+        files: Sequence[TraceFile],
+        on_error: OnError,
+        skipped: list[Skipped],
+        idle: Callable[[], object] | None = None,
     ) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
         """Parsed files in completion order. A failing file raises (``raise``), or is recorded in
-        ``skipped`` and yielded with no ranks (``skip``) so progress still counts it.
+        ``skipped`` and yielded with no ranks (``skip``) so progress still counts it. ``idle`` is
+        called whenever this process is about to wait for helpers (e.g. to insert what it holds
+        meanwhile).
 
         Raises:
             TracecalError: the first bad file's error under ``raise``.
@@ -111,7 +117,7 @@ class ParserPool:
             for trace_file in files:
                 yield trace_file, self._parse_here(trace_file, on_error, skipped)
             return
-        yield from self._parse_shared(files, on_error, skipped)
+        yield from self._parse_shared(files, on_error, skipped, idle)
 
     @staticmethod
     def _parse_here(trace_file: TraceFile, on_error: OnError, skipped: list[Skipped]) -> list[ParsedRank]:
@@ -131,7 +137,11 @@ class ParserPool:
         return self._executor
 
     def _parse_shared(
-        self, files: Sequence[TraceFile], on_error: OnError, skipped: list[Skipped]
+        self,
+        files: Sequence[TraceFile],
+        on_error: OnError,
+        skipped: list[Skipped],
+        idle: Callable[[], object] | None,
     ) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
         """Helpers and this process take files from one queue. A helper gets its next file the moment
         it finishes one (a callback on the executor's thread), so it never waits for this process;
@@ -189,6 +199,8 @@ class ParserPool:
                     pending = list(in_flight)
                 if not pending:
                     break
+                if idle is not None and not any(f.done() for f in pending):
+                    idle()
                 finished, _ = wait(pending, return_when=FIRST_COMPLETED)
                 yield from collect(finished)
         except BaseException:

@@ -196,7 +196,9 @@ def _ingest_run(
         _delete_run(con, run_id)
 
         # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
-        for done, (trace_file, parsed) in enumerate(pool.parse(run.files, options.on_error, skipped), start=1):
+        # While this process waits for helper processes, it inserts the ranks it holds.
+        parsing = pool.parse(run.files, options.on_error, skipped, idle=stored.flush)
+        for done, (trace_file, parsed) in enumerate(parsing, start=1):
             stored.add(trace_file, parsed)
             del parsed  # stored or waiting in `stored` (bounded by INSERT_BATCH_ROWS), not held here
             if progress is not None:
