@@ -73,6 +73,8 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
         TraceFormatError: ``marker`` is not a valid regex.
     """
     ev = with_end(events.select(DECODE_COLUMNS))
+    if ev.get_column("uid").is_sorted():  # as read back: later sorts by uid take polars' fast path
+        ev = ev.with_columns(pl.col("uid").set_sorted())
     per_rank = ev.group_by("rank").agg(pl.col("kind").is_in(GPU_KINDS).any().alias("gpu"))
     gpu_ranks = frozenset(per_rank.filter(pl.col("gpu"))["rank"].to_list())
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
