@@ -91,14 +91,21 @@ def _insert(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame) -
     con.from_arrow(arrow).insert_into(table.name)  # no register/unregister round trips
 
 
-def _layout(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[Layout, int | None, int | None]:
+def _layout(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[Layout, int | None, int | None, bool]:
+    """The run's layout, nodes, GPUs per node, and whether it already has derived rows (a re-decode):
+    one statement, so a first decode inside ingest spends no DELETE statements (0.6 ms each)."""
     row = con.execute(
-        "SELECT world_size, pp, tp, dp, nodes, gpus_per_node FROM runs WHERE run_id = ?", [run_id]
+        "SELECT world_size, pp, tp, dp, nodes, gpus_per_node, "
+        f"EXISTS (SELECT 1 FROM {OPERATORS.name} WHERE run_id = $1) "
+        f"OR EXISTS (SELECT 1 FROM {COLLECTIVES.name} WHERE run_id = $1) "
+        f"OR EXISTS (SELECT 1 FROM {ITERATIONS.name} WHERE run_id = $1) "
+        "FROM runs WHERE run_id = $1",
+        [run_id],
     ).fetchall()
     if not row:
         raise RunNotFoundError(f"run {run_id!r} is not in the database; list runs with: tracecal runs")
-    world, pp, tp, dp, nodes, gpn = row[0]
-    return Layout(world_size=world, pp=pp, tp=tp, dp=dp), nodes, gpn
+    world, pp, tp, dp, nodes, gpn, derived = row[0]
+    return Layout(world_size=world, pp=pp, tp=tp, dp=dp), nodes, gpn, bool(derived)
 
 
 def _topology(collectives: pl.DataFrame, world_size: int | None, nodes: int | None, gpn: int | None) -> pl.DataFrame:
@@ -144,9 +151,10 @@ def decode_stored_run(
         TraceFormatError: ``iteration_marker`` is not a valid regex.
     """
     started = time.perf_counter()
-    layout, nodes, gpn = _layout(con, run_id)
-    for table in (OPERATORS, COLLECTIVES, ITERATIONS):
-        con.execute(f"DELETE FROM {table.name} WHERE run_id = ?", [run_id])  # name from schema
+    layout, nodes, gpn, derived = _layout(con, run_id)
+    if derived:
+        for table in (OPERATORS, COLLECTIVES, ITERATIONS):
+            con.execute(f"DELETE FROM {table.name} WHERE run_id = ?", [run_id])  # name from schema
     sizes = con.execute(
         "SELECT rank, count(*) FROM events WHERE run_id = ? GROUP BY rank ORDER BY rank", [run_id]
     ).fetchall()
@@ -201,16 +209,19 @@ def decode_stored_run(
         colls = colls.with_columns(pl.lit(None, dtype=pl.Int64).alias("match_id"))
     offsets = clock_offsets(colls, ranks)
     its, colls = apply_offsets(its, colls, offsets)
-    # one statement for all ranks: a statement costs 1-4 ms, a run can have hundreds of ranks
-    con.register("_tracecal_decode_offsets", offsets.to_arrow())
-    try:
-        con.execute(
-            "UPDATE ranks SET clock_offset_ns = o.clock_offset_ns, clock_residual_ns = o.clock_residual_ns "
-            "FROM _tracecal_decode_offsets o WHERE ranks.run_id = ? AND ranks.rank = o.rank",
-            [run_id],
-        )
-    finally:
-        con.unregister("_tracecal_decode_offsets")
+    # one statement for all ranks (a statement costs 1-4 ms, a run can have hundreds of ranks), the
+    # offsets bound as lists: no register/unregister round trips
+    con.execute(
+        "UPDATE ranks SET clock_offset_ns = o.clock_offset_ns, clock_residual_ns = o.clock_residual_ns "
+        "FROM (SELECT unnest($2::INTEGER[]) AS rank, unnest($3::BIGINT[]) AS clock_offset_ns, "
+        "unnest($4::BIGINT[]) AS clock_residual_ns) o WHERE ranks.run_id = $1 AND ranks.rank = o.rank",
+        [
+            run_id,
+            offsets["rank"].to_list(),
+            offsets["clock_offset_ns"].to_list(),
+            offsets["clock_residual_ns"].to_list(),
+        ],
+    )
     con.execute(
         "UPDATE runs SET iteration_marker = ? WHERE run_id = ?", [iteration_marker or "^ProfilerStep#(\\d+)$", run_id]
     )
