@@ -156,3 +156,46 @@ def test_cpu_only_ranks_keep_their_markers():
     assert sorted(markers["name"].to_list()) == ["iteration_end"] * 2 + ["iteration_start"] * 2
     assert markers["main_tid"].to_list() == [1, 1, 1, 1]
     assert _ranks(2, 1000)["rank"].to_list() == sorted(set(markers["rank"].to_list()))
+
+
+def test_launch_latency_is_each_ranks_own():
+    """Rank r launches its kernels 3 + r ns after the call; its second kernel waits for the busy
+    stream, so its launch edge keeps the nominal lag — its own rank's median, never another's."""
+    ranks = 48
+    lat = 3 + np.arange(ranks)
+    rank = np.repeat(np.arange(ranks), 2)
+    first = np.tile([True, False], ranks)
+    acts = pl.DataFrame(
+        {
+            "rank": rank,
+            "event_id": np.tile([10, 11], ranks),
+            "kind": "kernel",
+            "name": np.where(first, "a", "b"),
+            "ts_ns": np.where(first, lat[rank], lat[rank] + 1000),
+            "dur_ns": 1000,
+            "stream": 7,
+            "cpu_tid": 1,
+            "runtime_event_id": np.tile([1, 2], ranks),
+            "family": "gemm",
+            "component": "compute_fwd",
+        }
+    )
+    rt = pl.DataFrame(
+        {
+            "rank": rank,
+            "event_id": np.tile([1, 2], ranks),
+            "name": "cudaLaunchKernel",
+            "ts_ns": np.tile([0, 20], ranks),
+            "dur_ns": 10,
+            "tid": 1,
+        },
+        schema=RUNTIME_SCHEMA,
+    )
+    coll = pl.DataFrame(schema={"rank": pl.Int64, "event_id": pl.Int64, "match_id": pl.Int64, "name": pl.String,
+                                "role": pl.String})  # fmt: skip
+    g = build_graph(ReplayInputs(acts, coll, rt, _ranks(ranks, 3000)))
+    launch = g.edge_kind == EDGE_KINDS.index("launch")
+    assert launch.sum() == 2 * ranks
+    dst_rank = g.nodes["rank"].to_numpy()[g.dst[launch] // 2]
+    assert np.array_equal(g.lag[launch], lat[dst_rank])
+    assert np.array_equal(replay(g), g.measured_times)

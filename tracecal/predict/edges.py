@@ -299,6 +299,7 @@ def _stream_and_launch_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
         .agg(pl.col("_lat").median().cast(pl.Int64).alias("_nominal")),
         on="rank",
         how="left",
+        maintain_order="left",  # row i must stay launch i: polars promises no order otherwise
     )["_nominal"].fill_null(0)
     b.add(2 * lat["rt_node"].to_numpy(), 2 * lat["node"].to_numpy(), nominal.to_numpy(), "launch")
     b.launch_pairs = (lat["rt_node"].to_numpy(), lat["node"].to_numpy())
@@ -318,7 +319,7 @@ def _launched(b: EdgeBuilder, nodes: pl.DataFrame) -> pl.DataFrame | None:
             "l_ts": b.start[rt_nodes],
             "act_end": b.end[act_nodes],
         }
-    ).sort("l_ts")
+    ).sort("l_ts", maintain_order=True)  # ties (one call, several launches) in launch-pair order
 
 
 def _runtime_calls(nodes: pl.DataFrame, pattern: re.Pattern[str]) -> pl.LazyFrame:
@@ -490,14 +491,15 @@ def _issue_and_wait_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
         .select("node", "rank", "lane_tid", "main_tid", "is_comm", "start_ns", "end_ns")
         .collect()
     )
-    comm = cpu.filter(pl.col("is_comm")).sort("start_ns")
-    on_main = cpu.filter(pl.col("lane_tid") == pl.col("main_tid")).sort("start_ns")
+    comm = cpu.filter(pl.col("is_comm")).sort("start_ns", maintain_order=True)
+    on_main = cpu.filter(pl.col("lane_tid") == pl.col("main_tid")).sort("start_ns", maintain_order=True)
     if comm.height == 0 or on_main.height == 0:
         return
     issuers = on_main.select(
         "rank", pl.col("node").alias("issuer"), pl.col("start_ns").alias("i_ts"), pl.col("end_ns").alias("i_end")
     )
-    # strictly earlier start, so an op is never its own issuer (ties broken by node order below)
+    # strictly earlier start, so an op is never its own issuer; among issuers starting at the same
+    # instant the as-of join takes the last in node order (the stable sort above)
     iss = (
         comm.with_columns((pl.col("start_ns") - 1).alias("_probe"))
         .join_asof(issuers, left_on="_probe", right_on="i_ts", by="rank", strategy="backward", check_sortedness=False)
@@ -524,7 +526,7 @@ def _wait_edges(b: EdgeBuilder, main: pl.DataFrame, comm: pl.DataFrame) -> None:
         pl.col("start_ns").alias("y_ts"),
         pl.col("end_ns").shift(1).over("rank").alias("z_end"),
     )
-    comm = comm.sort("end_ns")
+    comm = comm.sort("end_ns", maintain_order=True)
     w = comm.join_asof(
         main_next, left_on="end_ns", right_on="y_ts", by="rank", strategy="forward", check_sortedness=False
     )
@@ -535,7 +537,8 @@ def _wait_edges(b: EdgeBuilder, main: pl.DataFrame, comm: pl.DataFrame) -> None:
     )
     if w.height == 0:
         return
-    w = w.sort("end_ns").group_by("y").agg(pl.col("node").last())
+    # equal ends: the last in node order (stable sort), so two builds pick the same collective
+    w = w.sort("end_ns", maintain_order=True).group_by("y").agg(pl.col("node").last())
     y = w["y"].to_numpy()
     b.add(2 * w["node"].to_numpy() + 1, 2 * y, INF, "wait")
     # the waiting op's own thread gap is mostly the wait: keep only the thread's typical gap
