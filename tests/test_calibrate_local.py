@@ -148,10 +148,45 @@ def test_a_stored_smoother_is_refitted_exactly_on_load(tmp_path: Path) -> None:
     predicted = load("perlmutter", db=db).predict(rows)
     assert np.mean(np.abs(predicted - training["median_ns"].to_numpy()) / training["median_ns"].to_numpy()) < 0.01
     # another neighbourhood is another model: the stored check predictions catch it
+    original = meta_path.read_text()
     meta["local"]["k"] = meta["local"]["k"] + 7
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CalibrationError, match="does not reproduce its stored predictions"):
         load("perlmutter", db=db).predict(rows)
+    # a smoother this tracecal does not know, or metadata missing a key: one error, not a KeyError
+    meta = json.loads(original)
+    meta["local"]["kernel"] = "epanechnikov"
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CalibrationError, match="cannot refit its stored smoother"):
+        load("perlmutter", db=db).predict(rows)
+    meta = json.loads(original)
+    del meta["hyperparams"]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(CalibrationError, match="lacks hyperparams"):
+        load("perlmutter", db=db)
+    meta_path.write_text(original)
+    # one training duration edited far from the check rows changes the smoother there only: the
+    # check predictions cannot see it, the file hash does
+    stored_bytes = (meta_path.parent / "training.parquet").read_bytes()
+    far = training.with_row_index("i").filter(~pl.col("sample_id").is_in(meta["check"]["sample_ids"]))["i"][-1]
+    edited = training.with_columns(
+        pl.when(pl.int_range(pl.len()) == far).then(pl.col("median_ns") * 3).otherwise(pl.col("median_ns"))
+    )
+    edited.write_parquet(meta_path.parent / "training.parquet")
+    with pytest.raises(CalibrationError, match=r"training\.parquet is not the training data"):
+        load("perlmutter", db=db).predict(rows)
+    (meta_path.parent / "training.parquet").write_bytes(stored_bytes)
+    assert np.allclose(load("perlmutter", db=db).predict(rows), predicted, rtol=1e-9)
+
+
+def test_unknown_shapes_and_k_are_refused() -> None:
+    key = np.arange(10, dtype=float)
+    with pytest.raises(CalibrationError, match="unknown local shape"):
+        LocalLinear(shapes=[("epanechnikov", 1)]).fit(key, key)
+    with pytest.raises(CalibrationError, match="unknown local shape"):
+        LocalLinear(shapes=[("tricube", 2)]).fit(key, key)
+    with pytest.raises(CalibrationError, match="k >= 1"):
+        LocalLinear(k=0).fit(key, key)
 
 
 def test_weighted_median_shape_for_skewed_noise() -> None:

@@ -164,6 +164,14 @@ class LocalLinear:
         self.shapes = tuple(shapes)
 
     def fit(self, key: np.ndarray, values: np.ndarray) -> LocalLinear:
+        for kernel, degree in self.shapes:
+            if kernel not in (*KERNELS, MEDIAN) or degree not in (0, 1):
+                raise CalibrationError(
+                    f"unknown local shape ({kernel!r}, {degree!r}): kernel one of {', '.join((*KERNELS, MEDIAN))}, "
+                    "degree 0 or 1"
+                )
+        if self.k is not None and self.k < 1:
+            raise CalibrationError(f"a local smoother needs k >= 1 neighbours, not {self.k}")
         key = np.asarray(key, dtype=np.float64)
         values = np.asarray(values, dtype=np.float64)
         keep = np.isfinite(key) & np.isfinite(values)

@@ -3,20 +3,25 @@
 One directory per model under ``config.model_store_dir(db) / <cluster> / <model_id>``:
 
 - ``meta.json`` — cluster, family, direction, op, topology, model kind, hyper-parameters, features,
-  the physical baseline's coefficients, training-data fingerprint, validation metrics, library
-  versions, and check predictions on a few training rows;
+  the physical baseline's coefficients, the local smoother's leave-one-out choice (k, kernel,
+  degree), training-data fingerprint, sha256 of ``training.parquet`` and ``booster.ubj``,
+  validation metrics, library versions, and check predictions on a few training rows;
 - ``booster.ubj`` — the XGBoost model in XGBoost's own format (xgboost/blend kinds);
 - ``training.parquet`` — the training samples' shape columns and durations.
 
 No pickle: scikit-learn forests and local smoothers are refitted on load from the stored
 hyper-parameters and training data (seeded or deterministic, so the refit is the same model),
-lazily — only when a row is routed to them. Loading checks the artifact schema and library
-versions and that the rebuilt model reproduces the check predictions; anything else raises
+lazily — only when a row is routed to them. Loading checks the artifact schema, the metadata's
+keys, library versions, that ``training.parquet`` and ``booster.ubj`` are the files written at
+calibration (sha256; the check predictions alone would miss an edited row far from the few they
+cover) and that the rebuilt model reproduces the check predictions; anything else raises
 ``CalibrationError`` telling the user to recalibrate.
 """
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 import re
 import shutil
@@ -32,7 +37,7 @@ import polars as pl
 from tracecal import __version__
 from tracecal.calibrate.estimators import DurationRegressor, PhysicalBaseline, import_xgboost
 from tracecal.calibrate.features import feature_frame
-from tracecal.calibrate.fitting import GroupKey, GroupResult
+from tracecal.calibrate.fitting import GroupKey, GroupResult, data_fingerprint
 from tracecal.errors import CalibrationError
 from tracecal.schema import MODELS
 
@@ -41,6 +46,12 @@ ARTIFACT_SCHEMA = 1
 
 CHECK_ROWS = 8
 CHECK_RTOL = 1e-6
+
+REQUIRED_META = (
+    "cluster", "family", "direction", "op", "topology", "model_kind", "hyperparams", "features",
+    "physical_columns", "baseline_coef", "versions", "check",
+)  # fmt: skip
+"""Keys every ``meta.json`` has; an artifact without one of them is refused (recalibrate)."""
 
 
 def library_versions() -> dict[str, str]:
@@ -67,8 +78,13 @@ def _write_artifact(directory: Path, cluster: str, result: GroupResult, created_
     assert model is not None and result.training is not None and result.params is not None
     directory.mkdir(parents=True, exist_ok=True)
     result.training.write_parquet(directory / "training.parquet")
+    # the refit reads every training row, the check predictions only a few: a hash of the file
+    # catches an edited row the check would not
+    training_sha256 = hashlib.sha256((directory / "training.parquet").read_bytes()).hexdigest()
+    booster_sha256 = None
     if hasattr(model, "booster_"):
         model.booster_.save_model(str(directory / "booster.ubj"))
+        booster_sha256 = hashlib.sha256((directory / "booster.ubj").read_bytes()).hexdigest()
     check = result.training.head(CHECK_ROWS)
     meta = {
         "artifact_schema": ARTIFACT_SCHEMA,
@@ -91,6 +107,8 @@ def _write_artifact(directory: Path, cluster: str, result: GroupResult, created_
             else None
         ),
         "data_fingerprint": result.fingerprint,
+        "training_sha256": training_sha256,
+        "booster_sha256": booster_sha256,
         "n_training": result.training.height,
         "metrics": {**result.metrics, "cv_mape": result.cv_mape, "noise_ape": result.noise_ape},
         "status": result.status,
@@ -224,7 +242,21 @@ class StoredModel:
             path = self.directory / "training.parquet"
             if not path.is_file():
                 raise CalibrationError(f"model artifact {self.directory} lacks training.parquet; recalibrate")
-            self._training = pl.read_parquet(path)
+            content = path.read_bytes()
+            training = pl.read_parquet(io.BytesIO(content))
+            # artifacts written before the file hash was stored: the ids-and-durations fingerprint
+            expected = self.meta.get("training_sha256")
+            changed = (
+                hashlib.sha256(content).hexdigest() != expected
+                if expected is not None
+                else data_fingerprint(training) != self.meta.get("data_fingerprint")
+            )
+            if changed:
+                raise CalibrationError(
+                    f"{path} is not the training data model {self.directory.name} was fitted on "
+                    f"(changed since calibration); re-run `calibrate --cluster {self.meta['cluster']}`"
+                )
+            self._training = training
         return self._training
 
     @property
@@ -236,7 +268,13 @@ class StoredModel:
 
     def _rebuild(self) -> DurationRegressor:
         meta = self.meta
-        model = DurationRegressor(**meta["hyperparams"])
+        try:
+            model = DurationRegressor(**meta["hyperparams"])
+        except TypeError as exc:
+            raise CalibrationError(
+                f"model {self.directory.name}: stored hyper-parameters do not fit this tracecal ({exc}); "
+                f"re-run `calibrate --cluster {meta['cluster']}`"
+            ) from exc
         baseline = PhysicalBaseline(meta["physical_columns"])
         baseline.coef_ = np.asarray(meta["baseline_coef"], dtype=np.float64)
         baseline.n_features_in_ = len(baseline.columns)
@@ -250,7 +288,13 @@ class StoredModel:
             residual = np.log(y / baseline.predict(features))
         if model.kind in ("local", "local_forest"):
             # deterministic (no seed): the same rows give the same smoother and neighbourhood
-            model.fit_local(features, residual, chosen=meta.get("local"))
+            try:
+                model.fit_local(features, residual, chosen=meta.get("local"))
+            except (CalibrationError, KeyError, TypeError, ValueError) as exc:
+                raise CalibrationError(
+                    f"model {self.directory.name}: cannot refit its stored smoother {meta.get('local')} ({exc}); "
+                    f"re-run `calibrate --cluster {meta['cluster']}`"
+                ) from exc
         if model.kind in ("random_forest", "blend", "local_forest"):
             from sklearn.ensemble import RandomForestRegressor
 
@@ -266,6 +310,12 @@ class StoredModel:
             path = self.directory / "booster.ubj"
             if not path.is_file():
                 raise CalibrationError(f"model artifact {self.directory} lacks booster.ubj; recalibrate")
+            expected = meta.get("booster_sha256")
+            if expected is not None and hashlib.sha256(path.read_bytes()).hexdigest() != expected:
+                raise CalibrationError(
+                    f"{path} is not the booster model {self.directory.name} saved (changed since calibration); "
+                    f"re-run `calibrate --cluster {meta['cluster']}`"
+                )
             booster = import_xgboost().XGBRegressor()
             booster.load_model(str(path))
             model.booster_ = booster
@@ -297,10 +347,17 @@ def read_artifact(directory: Path) -> StoredModel:
         meta = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CalibrationError(f"cannot read model metadata {path}: {exc}; re-run calibrate") from exc
+    if not isinstance(meta, dict):
+        raise CalibrationError(f"model metadata {path} is not a JSON object; re-run calibrate")
     if meta.get("artifact_schema") != ARTIFACT_SCHEMA:
         raise CalibrationError(
             f"{path} has artifact schema {meta.get('artifact_schema')}, this tracecal reads {ARTIFACT_SCHEMA}; "
             f"re-run `calibrate --cluster {meta.get('cluster')}`"
+        )
+    missing = [key for key in REQUIRED_META if key not in meta]
+    if missing:
+        raise CalibrationError(
+            f"model metadata {path} lacks {', '.join(missing)}; re-run `calibrate --cluster {meta.get('cluster')}`"
         )
     saved = meta.get("versions", {})
     current = library_versions()
