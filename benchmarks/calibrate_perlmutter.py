@@ -102,6 +102,9 @@ def main() -> None:
     print(f"{'collective x topology':24s} {'model':14s} {'train/test':>10s} {'excl':>4s} {'MAPE %':>7s} "
           f"{'published':>9s} {'noise %':>7s}  status")  # fmt: skip
     for r in comm.sort("op").iter_rows(named=True):
+        if r["mape"] is None:  # no model (too few usable samples): the status says why
+            print(f"{r['op']:24s} {'-':14s} {r['excluded']:>16d} {'':>26s}  {r['status']}")
+            continue
         mark = "+" if r["published_mape"] is not None and r["mape"] < r["published_mape"] else " "
         published = "" if r["published_mape"] is None else f"{r['published_mape']:.2f}"
         print(

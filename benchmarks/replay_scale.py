@@ -132,7 +132,7 @@ def _rss_bytes() -> int:
 def _peak_rss_gb() -> float:
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
 
 
 def main() -> None:

@@ -46,8 +46,3 @@ def replay(graph: ReplayGraph, durations_ns: np.ndarray | None = None) -> np.nda
     if (t == NO_TIME).any():  # every point is a root or has an incoming edge; guard against misuse
         raise PredictionError("replay left points without a time: the graph was modified after building")
     return t
-
-
-def node_intervals(graph: ReplayGraph, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) per node from point times."""
-    return times[0::2], times[1::2]
