@@ -15,7 +15,7 @@ from collections.abc import Collection
 
 import polars as pl
 
-from tracecal.decode.nesting import NameIndex, enclosing, names_like
+from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, names_like
 from tracecal.errors import TraceFormatError
 
 DEFAULT_MARKER = r"^ProfilerStep#(\d+)$"
@@ -67,14 +67,20 @@ def iteration_windows(events: pl.DataFrame, marker: str | None = None, names: Na
         compiled = re.compile(pattern)
     except re.error as exc:
         raise TraceFormatError(f"--iteration-marker {pattern!r} is not a valid regex: {exc}") from exc
-    events = events.select("rank", "event_id", "kind", "name", "ts_ns", "end_ns")  # filters copy fewer columns
-    cands = events.filter(pl.col("kind").is_in(_MARKER_KINDS) & names_like(events, pattern, names)).sort(
-        "rank", "ts_ns", "event_id"
+    like = names_like(events, pattern, names)
+    # one lazy plan (each eager frame operation has a fixed cost): the marker candidates, and the
+    # ranks and the first rank of the batch, to tell whether some rank has no marker at all
+    lazy = events.lazy().select("rank", "event_id", "kind", "name", "ts_ns", "end_ns")
+    cands_lazy = (
+        lazy.filter(pl.col("kind").is_in(_MARKER_KINDS) & like)
+        .sort("rank", "ts_ns", "event_id")
+        # nested or repeated matches (a framework marker inside a python frame of the same name): keep
+        # only windows not enclosed by an earlier kept window of the same rank
+        .with_columns(pl.col("end_ns").cum_max().shift(1).over("rank").alias("_prev_end"))
+        .filter(pl.col("_prev_end").is_null() | (pl.col("ts_ns") >= pl.col("_prev_end")))
     )
-    # nested or repeated matches (a framework marker inside a python frame of the same name): keep
-    # only windows not enclosed by an earlier kept window of the same rank
-    cands = cands.with_columns(pl.col("end_ns").cum_max().shift(1).over("rank").alias("_prev_end"))
-    cands = cands.filter(pl.col("_prev_end").is_null() | (pl.col("ts_ns") >= pl.col("_prev_end")))
+    ranks_lazy = lazy.select(pl.col("rank").unique())
+    cands, all_ranks = pl.collect_all([cands_lazy, ranks_lazy], engine=ENGINE)
     parts = []
     if cands.height:
         # numbered per rank (rows are sorted by rank), one frame for all ranks
@@ -98,8 +104,8 @@ def iteration_windows(events: pl.DataFrame, marker: str | None = None, names: Na
             )
         )
     marked = set(cands["rank"].unique().to_list())
-    rest = events.filter(~pl.col("rank").is_in(list(marked)))
-    if rest.height:
+    if not set(all_ranks["rank"].to_list()) <= marked:
+        rest = events.select("rank", "kind", "ts_ns", "end_ns").filter(~pl.col("rank").is_in(list(marked)))
         cpu = rest.filter(pl.col("kind").is_in(_CPU_KINDS))
         # ranks without CPU events fall back to all their events
         span = pl.concat([cpu, rest.filter(~pl.col("rank").is_in(cpu["rank"].unique().implode()))])
