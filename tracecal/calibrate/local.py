@@ -7,7 +7,8 @@ held-out size is then a fit through its nearest measured neighbours, with a neig
 the noise allows. A tree ensemble approximates that with piecewise constants; this fits a weighted
 line through the ``k`` nearest training rows (tricube weights in key distance, as LOESS does), which
 follows the local slope exactly — or, where the noise shared by neighbours outweighs the slope, a
-Gaussian-weighted line or mean (``SHAPES``).
+Gaussian-weighted line or mean, or, where the noise is skewed (sporadic slow repeats), the
+1/duration-weighted median of the neighbours moved along the local slope (``SHAPES``).
 
 ``k`` and the shape are chosen at fit time by leave-one-out over ``K_GRID`` × ``SHAPES``: every
 training row is predicted from
