@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from polars.testing import assert_frame_equal
 
 from tests.test_predict_graph import RUNTIME_SCHEMA, _node, _ranks, cpu_pipeline, gpu_two_ranks, random_gpu_iteration
+from tracecal.errors import PredictionError
 from tracecal.predict.edges import EDGE_KINDS, dense_ids, join_on_rank_and_id, lane_ids
 from tracecal.predict.graph import ReplayInputs, build_graph
 from tracecal.predict.replay import replay
@@ -199,3 +201,18 @@ def test_launch_latency_is_each_ranks_own():
     dst_rank = g.nodes["rank"].to_numpy()[g.dst[launch] // 2]
     assert np.array_equal(g.lag[launch], lat[dst_rank])
     assert np.array_equal(replay(g), g.measured_times)
+
+
+def test_a_node_without_a_time_is_refused():
+    """A NULL time would become a garbage int64 in numpy, and the replay would reproduce it."""
+    inputs = cpu_pipeline()
+    no_window = inputs.ranks.with_columns(
+        pl.when(pl.col("rank") == 1).then(None).otherwise(pl.col("window_start_ns")).alias("window_start_ns")
+    )
+    with pytest.raises(PredictionError, match="rank 1: marker 'iteration_start' has no time"):
+        build_graph(ReplayInputs(inputs.activities, inputs.collectives, inputs.runtime, no_window))
+    no_ts = inputs.activities.with_columns(
+        pl.when(pl.col("name") == "D").then(None).otherwise(pl.col("ts_ns")).alias("ts_ns")
+    )
+    with pytest.raises(PredictionError, match="rank 1: activity 'D' has no time"):
+        build_graph(ReplayInputs(no_ts, inputs.collectives, inputs.runtime, inputs.ranks))

@@ -140,13 +140,21 @@ def build_graph(inputs: ReplayInputs) -> ReplayGraph:
     iteration markers.
 
     Raises:
-        PredictionError: no activities, or the constraints form a cycle.
+        PredictionError: no activities, a node without a time (NULL ``ts_ns``, or NULL iteration
+            window of a CPU-only rank), or the constraints form a cycle.
     """
     if inputs.activities.height == 0:
         raise PredictionError("the iteration has no operators to replay; was the run decoded?")
     inputs = _normalized(inputs)
     offsets = inputs.ranks.select("rank", pl.col("clock_offset_ns").fill_null(0).cast(pl.Int64).alias("_offset"))
     nodes = _node_table(inputs, offsets)
+    if nodes["start_ns"].null_count() or nodes["end_ns"].null_count():
+        # numpy would turn the NULL into a garbage time and the replay would carry it silently
+        bad = nodes.filter(pl.col("start_ns").is_null() | pl.col("end_ns").is_null()).row(0, named=True)
+        raise PredictionError(
+            f"rank {bad['rank']}: {bad['node_kind']} {bad['name']!r} has no time (NULL ts_ns or iteration "
+            "window); re-decode the run (`trace-ingest RUN`)"
+        )
     origin = int(nodes["start_ns"].min())  # type: ignore[arg-type]
     nodes = nodes.with_columns(pl.col("start_ns") - origin, pl.col("end_ns") - origin)
 
