@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 from tracecal.cli.demo import neighbourhood
 from tracecal.cli.main import app
 from tracecal.samplers.grid import GridPoint
+from tracecal.sql.connection import open_database
 
 
 def test_neighbourhood_is_factorial_and_deduplicated() -> None:
@@ -34,6 +35,17 @@ def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
     assert "| overall |" in out
     assert "overall iteration error (slowest rank" in out
     assert (tmp_path / "demo.duckdb").stat().st_size > 0
+    # sampled like the workload ran: one process per rank, repeats spread over passes, and the
+    # optimizer's per-parameter elementwise calls as themselves
+    assert "2 processes at once" in out
+    with open_database(tmp_path / "demo.duckdb", read_only=True) as con:
+        how = con.execute(
+            "SELECT DISTINCT json_extract(params_json, '$.processes')::INT, "
+            "json_extract(params_json, '$.passes')::INT, repeats FROM samples"
+        ).fetchall()
+        ops = {r[0] for r in con.execute("SELECT DISTINCT op FROM samples").fetchall()}
+    assert how == [(2, 3, 6)]
+    assert {"aten::sqrt", "aten::lerp_", "aten::addcdiv_", "aten::addcmul_"} <= ops
     assert (tmp_path / "figures" / "component_proportions.png").exists()
     assert list((tmp_path / "figures").glob("timeline_rank*.png"))
     # its duration is a measured figure (README), not a timed test: the demo prints wall and CPU time
