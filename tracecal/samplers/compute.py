@@ -2,9 +2,12 @@
 
 ``sample_compute(con, points, settings)`` validates every point first (a malformed grid fails before
 anything is timed or written), skips the points whose ``sample_id`` is already stored for the cluster
-(resumable: an interrupted run continues where it stopped), times the rest one by one, and writes
-them in batches through the sample store, each batch in one transaction. Points torch cannot run on
-this device/dtype are skipped with the reason torch gave, never faked.
+(resumable: an interrupted run continues where it stopped), times the rest one by one — in
+``settings.passes`` sweeps over all of them, each sweep timing ``repeats`` calls per point, and in
+``settings.processes`` concurrent worker processes (``samplers.concurrent``) — and writes them in
+batches through the sample store, each batch in one transaction, a point once its last pass is
+measured. Points torch cannot run on this device/dtype are skipped with the reason torch gave, never
+faked.
 
 The library never prints: progress goes to an optional callback ``progress(done, total, label)``.
 """
@@ -135,8 +138,9 @@ def sample_compute(
     traced phase there).
 
     Raises:
-        SampleError: a point is malformed (unknown op, bad dimension, dtype), or the device is
-            unavailable; nothing is written in that case.
+        SampleError: a point is malformed (unknown op, bad dimension, dtype), the device is
+            unavailable, or ``passes``/``processes`` is below 1; nothing is written in that case. A
+            worker process that dies or fails to time also raises it (what was finished is kept).
     """
     started = time.perf_counter()
     env = sampler_env(settings.device)
