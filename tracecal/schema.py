@@ -145,8 +145,12 @@ EVENTS = Table(
         ("run_id", "VARCHAR", "run identifier"),
         ("rank", "INTEGER", "global rank"),
         ("event_id", "BIGINT", "index of the event within its rank (file order); unique per run and rank"),
-        ("kind", "VARCHAR", "normalised kind: cpu_op, python_function, user_annotation, "
-         "gpu_user_annotation, cuda_runtime, cuda_driver, kernel, memcpy, memset, nvtx, sync, trace, other"),
+        (
+            "kind",
+            "VARCHAR",
+            "normalised kind: cpu_op, python_function, user_annotation, "
+            "gpu_user_annotation, cuda_runtime, cuda_driver, kernel, memcpy, memset, nvtx, sync, trace, other",
+        ),
         ("category", "VARCHAR", "raw category as written by the profiler (cat, or the Nsight table)"),
         ("name", "VARCHAR", "event name (operator, kernel, runtime call, annotation)"),
         ("ts_ns", "BIGINT", "start, absolute nanoseconds on the rank's own clock"),
@@ -160,7 +164,7 @@ EVENTS = Table(
         ("sequence_number", "BIGINT", "autograd sequence number (forward op and its backward share it)"),
         ("fwd_thread_id", "BIGINT", "for backward ops: the thread that ran the forward op"),
         ("input_dims", "VARCHAR", "Input Dims as JSON text, e.g. [[8,512],[512,1024]]"),
-        ("input_types", "VARCHAR", "Input type as JSON text, e.g. [\"float\",\"float\"]"),
+        ("input_types", "VARCHAR", 'Input type as JSON text, e.g. ["float","float"]'),
         ("concrete_inputs", "VARCHAR", "Concrete Inputs as JSON text (scalar arguments)"),
         ("bytes", "BIGINT", "bytes copied or set (memcpy, memset); message size of an Nsight NCCL NVTX range"),
         ("grid", "VARCHAR", "kernel grid dims as JSON text"),
@@ -191,8 +195,12 @@ OPERATORS = Table(
         ("run_id", "VARCHAR", "run identifier"),
         ("rank", "INTEGER", "global rank"),
         ("event_id", "BIGINT", "events.event_id of the activity itself"),
-        ("kind", "VARCHAR", "kernel, memcpy, memset, or cpu_op / user_annotation (CPU-only traces: leaf "
-         "CPU operators and gloo:* work ranges)"),
+        (
+            "kind",
+            "VARCHAR",
+            "kernel, memcpy, memset, or cpu_op / user_annotation (CPU-only traces: leaf "
+            "CPU operators and gloo:* work ranges)",
+        ),
         ("name", "VARCHAR", "kernel / activity / operator name"),
         ("ts_ns", "BIGINT", "start, absolute ns on the rank's own clock"),
         ("dur_ns", "BIGINT", "duration in ns"),
@@ -212,14 +220,26 @@ OPERATORS = Table(
         ("input_dims", "VARCHAR", "Input Dims of the CPU operator as JSON text"),
         ("input_types", "VARCHAR", "Input type of the CPU operator as JSON text"),
         ("sequence_number", "BIGINT", "autograd sequence number of the CPU operator"),
-        ("family", "VARCHAR", "op family (SPEC §5.1): gemm, attention, softmax, norm, elementwise, "
-         "embedding, loss, optimizer, memcpy, memset, comm, other"),
+        (
+            "family",
+            "VARCHAR",
+            "op family (SPEC §5.1): gemm, attention, softmax, norm, elementwise, "
+            "embedding, loss, optimizer, memcpy, memset, comm, other",
+        ),
         ("phase", "VARCHAR", "fwd, bwd, optimizer, other (SPEC §5.2)"),
-        ("component", "VARCHAR", "compute_fwd, compute_bwd, optimizer, comm_tp, comm_dp, comm_pp, comm_ep, "
-         "comm_other, memcpy, other (SPEC §5.3)"),
+        (
+            "component",
+            "VARCHAR",
+            "compute_fwd, compute_bwd, optimizer, comm_tp, comm_dp, comm_pp, comm_ep, "
+            "comm_other, memcpy, other (SPEC §5.3)",
+        ),
         ("iteration", "INTEGER", "iteration whose CPU window launched this activity; NULL when outside all"),
-        ("link", "VARCHAR", "how the CPU operator was found: external_id (runtime call's External id), "
-         "time (innermost cpu_op enclosing the runtime call on its thread), self (CPU-only traces), none"),
+        (
+            "link",
+            "VARCHAR",
+            "how the CPU operator was found: external_id (runtime call's External id), "
+            "time (innermost cpu_op enclosing the runtime call on its thread), self (CPU-only traces), none",
+        ),
         *SHAPE_COLUMNS,
     ),
 )
@@ -231,8 +251,12 @@ COLLECTIVES = Table(
         ("run_id", "VARCHAR", "run identifier"),
         ("rank", "INTEGER", "global rank"),
         ("event_id", "BIGINT", "events.event_id of the NCCL kernel (or gloo CPU op) of the instance"),
-        ("name", "VARCHAR", "normalised collective: all_reduce, all_gather, reduce_scatter, all_to_all, "
-         "broadcast, reduce, send, recv, barrier, other"),
+        (
+            "name",
+            "VARCHAR",
+            "normalised collective: all_reduce, all_gather, reduce_scatter, all_to_all, "
+            "broadcast, reduce, send, recv, barrier, other",
+        ),
         ("ts_ns", "BIGINT", "start on the rank's own clock"),
         ("dur_ns", "BIGINT", "duration in ns"),
         ("aligned_ts_ns", "BIGINT", "start after clock alignment (ts_ns + ranks.clock_offset_ns)"),
@@ -284,9 +308,13 @@ SAMPLES = Table(
         *SHAPE_COLUMNS,
         ("collective", "VARCHAR", "collective name for comm samples"),
         *COMM_COLUMNS,
-        ("pooled", "BOOLEAN", "comm sample from a file pooling several topologies (gpumodeling25 NCCL "
-         "files without the _N_G suffix; the same rows also come from the per-topology files); "
-         "false for per-topology files, NULL for compute and measured samples"),
+        (
+            "pooled",
+            "BOOLEAN",
+            "comm sample from a file pooling several topologies (gpumodeling25 NCCL "
+            "files without the _N_G suffix; the same rows also come from the per-topology files); "
+            "false for per-topology files, NULL for compute and measured samples",
+        ),
         ("median_ns", "DOUBLE", "median duration over repeats, ns"),
         ("min_ns", "DOUBLE", "minimum duration, ns"),
         ("iqr_ns", "DOUBLE", "inter-quartile range of durations, ns; NULL when one repeat"),
@@ -312,8 +340,12 @@ MODELS = Table(
         ("direction", "VARCHAR", "fwd or bwd"),
         ("op", "VARCHAR", "source op or collective the model serves; NULL when the whole family"),
         ("topology", "VARCHAR", "nodes x gpus_per_node for collectives; NULL otherwise"),
-        ("model_kind", "VARCHAR", "physical, random_forest, xgboost, blend (forest x booster), local (smoother "
-         "along log size), local_forest (smoother x forest)"),
+        (
+            "model_kind",
+            "VARCHAR",
+            "physical, random_forest, xgboost, blend (forest x booster), local (smoother "
+            "along log size), local_forest (smoother x forest)",
+        ),
         ("hyperparams_json", "VARCHAR", "chosen hyper-parameters as JSON text"),
         ("features_json", "VARCHAR", "feature column list as JSON text"),
         ("n_train", "INTEGER", "training samples"),
@@ -327,8 +359,12 @@ MODELS = Table(
         ("cv_mape", "DOUBLE", "k-fold cross-validated MAPE of the chosen model on the training rows, %"),
         ("noise_ape", "DOUBLE", "collectives: hold-out MAPE of a local median in size (replicate spread), %"),
         ("protocol", "VARCHAR", "hold-out split: published (GPUModeling25 80/20, random_state 42) or own"),
-        ("status", "VARCHAR", "ok, or inconsistent: <why> (samples contradict themselves; model kept, "
-         "flagged); groups with too few samples get no row"),
+        (
+            "status",
+            "VARCHAR",
+            "ok, or inconsistent: <why> (samples contradict themselves; model kept, "
+            "flagged); groups with too few samples get no row",
+        ),
         ("data_fingerprint", "VARCHAR", "hash of the training samples"),
         ("artifact_path", "VARCHAR", "directory of the stored artifact"),
         ("schema_version", "INTEGER", "artifact schema version"),
@@ -348,8 +384,11 @@ PREDICTIONS = Table(
         ("family", "VARCHAR", "op family"),
         ("component", "VARCHAR", "component (SPEC §5.3)"),
         ("measured_dur_ns", "BIGINT", "duration in the trace"),
-        ("predicted_dur_ns", "BIGINT", "replayed duration (end − start; a collective member includes its wait "
-         "for the last member)"),
+        (
+            "predicted_dur_ns",
+            "BIGINT",
+            "replayed duration (end − start; a collective member includes its wait for the last member)",
+        ),
         ("duration_source", "VARCHAR", "model, measured (uncovered), or scale"),
         ("replay_start_ns", "BIGINT", "start in the replay, relative to the rank's replayed iteration start"),
         ("replay_end_ns", "BIGINT", "end in the replay, relative to the rank's replayed iteration start"),
@@ -364,11 +403,19 @@ COMPONENTS = Table(
         ("cluster", "VARCHAR", "cluster whose models predicted (NULL in measured mode)"),
         ("mode", "VARCHAR", "measured, predicted, or scaled"),
         ("rank", "INTEGER", "global rank"),
-        ("component", "VARCHAR", "compute_fwd, compute_bwd, optimizer, other (compute of unknown phase), comm_tp, "
-         "comm_dp, comm_pp, comm_ep, comm_other, memcpy, idle, or iteration (the whole iteration)"),
-        ("measured_ns", "BIGINT", "measured time of the component in the best iteration: each instant counts once, "
-         "for the first active component in the order above, so comm_* is exposed communication and the "
-         "components of a rank add up to its iteration"),
+        (
+            "component",
+            "VARCHAR",
+            "compute_fwd, compute_bwd, optimizer, other (compute of unknown phase), comm_tp, "
+            "comm_dp, comm_pp, comm_ep, comm_other, memcpy, idle, or iteration (the whole iteration)",
+        ),
+        (
+            "measured_ns",
+            "BIGINT",
+            "measured time of the component in the best iteration: each instant counts once, "
+            "for the first active component in the order above, so comm_* is exposed communication and the "
+            "components of a rank add up to its iteration",
+        ),
         ("predicted_ns", "BIGINT", "replayed time of the component (same accounting)"),
         ("error_pct", "DOUBLE", "(predicted − measured) / measured × 100; NULL when measured is 0"),
         ("covered_share", "DOUBLE", "share of the component's measured time predicted by a model (0–1)"),
@@ -376,7 +423,16 @@ COMPONENTS = Table(
 )
 
 TABLES: tuple[Table, ...] = (
-    RUNS, RANKS, EVENTS, OPERATORS, COLLECTIVES, ITERATIONS, SAMPLES, MODELS, PREDICTIONS, COMPONENTS,
+    RUNS,
+    RANKS,
+    EVENTS,
+    OPERATORS,
+    COLLECTIVES,
+    ITERATIONS,
+    SAMPLES,
+    MODELS,
+    PREDICTIONS,
+    COMPONENTS,
 )
 """All stored tables, in creation order."""
 
@@ -417,9 +473,7 @@ def ddl(table: Table) -> str:
     lines.append(",\n".join(body))
     lines.append(");")
     lines.append(f"COMMENT ON TABLE {table.name} IS {_sql_string(table.doc)};")
-    lines.extend(
-        f"COMMENT ON COLUMN {table.name}.{c.name} IS {_sql_string(c.doc)};" for c in table.columns
-    )
+    lines.extend(f"COMMENT ON COLUMN {table.name}.{c.name} IS {_sql_string(c.doc)};" for c in table.columns)
     return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,7 @@ from tracecal.sql.query import (
 
 
 def sql(
-    query: Annotated[str | None, typer.Argument(help="SQL to run, e.g. \"select * from runs\".")] = None,
+    query: Annotated[str | None, typer.Argument(help='SQL to run, e.g. "select * from runs".')] = None,
     file: Annotated[Path | None, typer.Option("--file", "-f", help="Read the SQL from this file.")] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, csv, json or parquet.")] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the result to this file.")] = None,
