@@ -16,7 +16,7 @@ from conftest import GPUMODELING25
 
 from tracecal.calibrate.estimators import DurationRegressor, PhysicalBaseline
 from tracecal.calibrate.features import feature_frame, physics_columns, usable_features
-from tracecal.calibrate.fitting import ALL_OPS, GroupKey, fit_group, model_groups
+from tracecal.calibrate.fitting import ALL_OPS, GroupKey, calibrate_samples, fit_group, model_groups
 from tracecal.calibrate.selection import mape_scale, select_model
 from tracecal.calibrate.validation import (
     MIN_SAMPLES,
@@ -255,6 +255,29 @@ def test_row_length_and_tensor_count_beat_the_published_holdout(tmp_path: Path, 
     result = fit_group(key, group, "perlmutter")
     assert result.protocol == "published" and result.status == "ok"
     assert result.metrics["mape"] < published
+
+
+@pytest.mark.slow
+def test_groups_fitted_in_worker_processes_equal_the_serial_fit(tmp_path: Path) -> None:
+    """n_jobs only decides where the groups are fitted: same groups, order, choices and errors."""
+    samples = imported(
+        tmp_path, COMPUTE, ["NVIDIAA100-SXM4-80GB_layernorm_fp16.csv", "NVIDIAA100-SXM4-80GB_gelu_fp16.csv"]
+    )
+    seen: list[tuple[str, int, int]] = []
+    serial = calibrate_samples(samples, "perlmutter", folds=2, n_jobs=1)
+    parallel = calibrate_samples(
+        samples,
+        "perlmutter",
+        folds=2,
+        n_jobs=2,
+        on_group=lambda key, done, total: seen.append((key.label, done, total)),
+    )
+    assert len(serial) == len(parallel) == 4
+    assert [r.key for r in serial] == [r.key for r in parallel]
+    assert sorted(done for _, done, _ in seen) == [1, 2, 3, 4] and {total for *_, total in seen} == {4}
+    for one, other in zip(serial, parallel, strict=True):
+        assert one.kind == other.kind and one.status == other.status
+        assert one.metrics["mape"] == pytest.approx(other.metrics["mape"], rel=1e-6)
 
 
 def test_in_trace_report_by_hand() -> None:

@@ -234,29 +234,77 @@ def calibrate_samples(
 ) -> list[GroupResult]:
     """Fit and validate every model group of ``samples`` (rows of the ``samples`` table).
 
+    Groups are independent, so with ``n_jobs > 1`` and several groups they are fitted in ``n_jobs``
+    worker processes, each fitting single-threaded: most of a group's time is Python-level work per
+    tree or per candidate (scikit-learn builds and clones every tree under the GIL), which threads
+    inside one process cannot spread over the cores. Every fit is seeded, so the models and errors
+    do not depend on ``n_jobs`` (up to the last digits of a floating-point sum).
+
     Args:
         samples: the cluster's samples, flagged ones included (they are counted as excluded).
         cluster: the cluster name (part of imported samples' ids, for the published split).
         published: ``published_errors`` rows (op, direction, topology, published_mape_pct) to show
             next to ours; None when the samples are not the published ones.
         family: only this family.
-        on_group: called before each group with (key, index, total), for progress display.
+        n_jobs: worker processes for the groups (1: fit them one by one in this process).
+        on_group: called with (key, groups done, total) as each group starts (one process) or
+            finishes (worker processes), for progress display.
 
     Returns:
         One ``GroupResult`` per group, sorted by family, op, topology, direction.
     """
     lookup = published_lookup(published)
     groups = model_groups(samples, family)
-    results = []
-    for index, (key, rows) in enumerate(groups):
-        if on_group is not None:
-            on_group(key, index, len(groups))
-        results.append(
-            fit_group(
-                key, rows, cluster, published_mape=lookup.get((key.label, key.direction)), folds=folds, n_jobs=n_jobs
+    if n_jobs <= 1 or len(groups) <= 1:
+        results = []
+        for index, (key, rows) in enumerate(groups):
+            if on_group is not None:
+                on_group(key, index, len(groups))
+            results.append(
+                fit_group(
+                    key, rows, cluster, published_mape=lookup.get((key.label, key.direction)), folds=folds, n_jobs=1
+                )
             )
-        )
-    return results
+        return results
+    return _fit_groups_in_processes(groups, cluster, lookup, folds, n_jobs, on_group)
+
+
+def _fit_groups_in_processes(
+    groups: list[tuple[GroupKey, pl.DataFrame]],
+    cluster: str,
+    lookup: dict[tuple[str, str], float],
+    folds: int,
+    processes: int,
+    on_group: Callable[[GroupKey, int, int], None] | None,
+) -> list[GroupResult]:
+    """``fit_group`` of every group in ``processes`` spawned workers (a forked child would inherit
+    polars' and DuckDB's threads), largest groups first so the last one to finish is a small one;
+    results in the groups' order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    order = sorted(range(len(groups)), key=lambda i: -groups[i][1].height)
+    results: list[GroupResult | None] = [None] * len(groups)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=processes, mp_context=context) as pool:
+        futures = {
+            pool.submit(
+                fit_group,
+                groups[i][0],
+                groups[i][1],
+                cluster,
+                published_mape=lookup.get((groups[i][0].label, groups[i][0].direction)),
+                folds=folds,
+                n_jobs=1,
+            ): i
+            for i in order
+        }
+        for done, future in enumerate(as_completed(futures), start=1):
+            index = futures[future]
+            results[index] = future.result()
+            if on_group is not None:
+                on_group(groups[index][0], done, len(groups))
+    return [r for r in results if r is not None]
 
 
 REPORT_SCHEMA = {
