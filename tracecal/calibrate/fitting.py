@@ -246,7 +246,8 @@ def calibrate_samples(
         published: ``published_errors`` rows (op, direction, topology, published_mape_pct) to show
             next to ours; None when the samples are not the published ones.
         family: only this family.
-        n_jobs: worker processes for the groups (1: fit them one by one in this process).
+        n_jobs: worker processes for the groups; with 1 (or a single group) the groups are fitted
+            one by one in this process, the estimators on ``n_jobs`` threads.
         on_group: called with (key, groups done, total) as each group starts (one process) or
             finishes (worker processes), for progress display.
 
@@ -262,7 +263,12 @@ def calibrate_samples(
                 on_group(key, index, len(groups))
             results.append(
                 fit_group(
-                    key, rows, cluster, published_mape=lookup.get((key.label, key.direction)), folds=folds, n_jobs=1
+                    key,
+                    rows,
+                    cluster,
+                    published_mape=lookup.get((key.label, key.direction)),
+                    folds=folds,
+                    n_jobs=n_jobs,
                 )
             )
         return results
