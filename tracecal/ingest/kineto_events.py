@@ -156,17 +156,12 @@ _BATCH_SCHEMA = pa.schema(
     [pa.field(f.name, _DICT) if f.type == pa.string() and f.name != "run_id" else f for f in _EVENTS_SCHEMA]
 )
 """What ``events_to_batch`` returns: ``EVENTS``, its text columns (but ``run_id``) dictionary-encoded."""
-_COMM_COLUMNS: tuple[str, ...] = (
-    "coll_name",
-    "in_msg_nelems",
-    "out_msg_nelems",
-    "group_size",
-    "coll_dtype",
-    "pg_name",
-    "pg_desc",
-)
-_COMM_COLUMNS += ("pg_ranks", "in_split_size", "out_split_size", "global_rank_start", "global_rank_stride")
-_COMM_COLUMNS += ("coll_seq", "src_rank", "dst_rank")
+_COMM_COLUMNS = (
+    "coll_name", "in_msg_nelems", "out_msg_nelems", "group_size", "coll_dtype", "pg_name", "pg_desc",
+    "pg_ranks", "in_split_size", "out_split_size", "global_rank_start", "global_rank_stride",
+    "coll_seq", "src_rank", "dst_rank",
+)  # fmt: skip
+"""The collective columns ``_comm_columns`` fills: all NULL (typed) when no event carries a collective arg."""
 _COMM_TYPES = {name: _BATCH_SCHEMA.field(name).type for name in _COMM_COLUMNS}
 _INDEX_IN_PATH = re.compile(r"^\$\[(\d+)\]")
 # Event types made by defstruct are variables to mypy, hence the ignores.
