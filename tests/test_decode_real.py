@@ -10,6 +10,7 @@ from conftest import KINETO, NSYS
 from typer.testing import CliRunner
 
 from tracecal.cli.main import app
+from tracecal.sql import decoding
 from tracecal.sql.connection import open_database
 from tracecal.sql.decoding import decode_stored_run
 from tracecal.sql.load import IngestOptions, ingest_runs
@@ -113,6 +114,38 @@ def test_dlrm_views_and_redecode_are_idempotent(dlrm_db: Path) -> None:
     assert comm == [("all_reduce", 24, 3), ("all_to_all", 40, 5)]
     assert q(dlrm_db, "SELECT round(sum(share), 6) FROM kernel_breakdown") == [(1.0,)]
     assert q(dlrm_db, "SELECT round(sum(share), 6) FROM op_summary") == [(1.0,)]
+
+
+def _derived_rows(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple]]:
+    tables = {
+        t: con.execute(f"SELECT * FROM {t} ORDER BY ALL").fetchall() for t in ("operators", "collectives", "iterations")
+    }
+    tables["ranks"] = con.execute("SELECT rank, clock_offset_ns, clock_residual_ns FROM ranks ORDER BY rank").fetchall()
+    tables["runs"] = con.execute("SELECT iteration_marker FROM runs").fetchall()
+    return tables
+
+
+def test_handoff_and_read_back_decode_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Inside ingest the loader hands its events to decode (nothing read back); a re-decode reads them
+    from the database, and a run over the hand-off budget is read back in batches of ranks: the same rows."""
+    reads: list[list] = []
+    read = decoding.query_arrow
+    monkeypatch.setattr(
+        decoding, "query_arrow", lambda con, sql, params: reads.append(params) or read(con, sql, params)
+    )
+    with open_database(tmp_path / "a.duckdb") as con:
+        ingest_runs(con, [DLRM], IngestOptions(workers=1))
+        assert reads == []  # decoded from the hand-off
+        handed = _derived_rows(con)
+        assert len(handed["operators"]) == 2244 and len(handed["collectives"]) == 64
+        decode_stored_run(con, "dlrm_8rank")
+        assert reads == [["dlrm_8rank", 0, 7]] and _derived_rows(con) == handed
+    reads.clear()
+    monkeypatch.setattr(decoding, "BATCH_EVENTS", 5_000)  # dlrm ranks have ~2 500 events: kept no longer
+    with open_database(tmp_path / "b.duckdb") as con:
+        ingest_runs(con, [DLRM], IngestOptions(workers=1))
+        assert len(reads) > 1 and reads[0][1] == 0 and reads[-1][2] == 7  # ranks read back in batches
+        assert _derived_rows(con) == handed
 
 
 def test_iterations_command(dlrm_db: Path) -> None:

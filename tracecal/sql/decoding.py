@@ -4,24 +4,32 @@ Called inside the loader's per-run transaction after the run's events, ranks and
 place (``tracecal.sql.load``); callable again on its own to re-decode (e.g. with another
 ``--iteration-marker``): the run's derived rows are replaced. Never opens or commits a transaction.
 
-Memory: one rank's events at a time; the cross-rank steps work on the small collectives and
+Inside ingest the loader hands over the events it has just stored (``DecodeHandoff``), so a run of
+up to ``BATCH_EVENTS`` events is decoded without reading it back from DuckDB (a read-back, the
+per-rank counts and the check for earlier derived rows cost 5-20 ms, as much as decoding a small
+trace); larger runs, and re-decodes, read the events back in batches.
+
+Memory: one batch of ranks' events at a time; the cross-rank steps work on the small collectives and
 iterations frames only.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
 import polars as pl
+import pyarrow as pa
 
 from tracecal.decode.align import apply_offsets, best_iteration, clock_offsets, match_collectives
 from tracecal.decode.collectives import Layout
+from tracecal.decode.iterations import DEFAULT_MARKER
 from tracecal.decode.rank import DECODE_COLUMNS, decode_ranks
-from tracecal.errors import RunNotFoundError
-from tracecal.schema import COLLECTIVES, ITERATIONS, OPERATORS, Table, arrow_schema
+from tracecal.errors import RunNotFoundError, TraceFormatError
+from tracecal.schema import COLLECTIVES, EVENTS, ITERATIONS, OPERATORS, Table, arrow_schema
 from tracecal.sql.connection import query_arrow
 
 
@@ -91,21 +99,78 @@ def _insert(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame) -
     con.from_arrow(arrow).insert_into(table.name)  # no register/unregister round trips
 
 
-def _layout(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[Layout, int | None, int | None, bool]:
-    """The run's layout, nodes, GPUs per node, and whether it already has derived rows (a re-decode):
-    one statement, so a first decode inside ingest spends no DELETE statements (0.6 ms each)."""
+def _layout(
+    con: duckdb.DuckDBPyConnection, run_id: str, marker: str, fresh: bool
+) -> tuple[Layout, int | None, int | None, bool]:
+    """Record the iteration marker and read the run's layout, nodes, GPUs per node, and whether it
+    already has derived rows (a re-decode; not asked when ``fresh``): one ``UPDATE ... RETURNING``
+    (a statement costs 1-3 ms, and a first decode inside ingest has no rows to delete)."""
     row = con.execute(
-        "SELECT world_size, pp, tp, dp, nodes, gpus_per_node, "
-        f"EXISTS (SELECT 1 FROM {OPERATORS.name} WHERE run_id = $1) "
-        f"OR EXISTS (SELECT 1 FROM {COLLECTIVES.name} WHERE run_id = $1) "
-        f"OR EXISTS (SELECT 1 FROM {ITERATIONS.name} WHERE run_id = $1) "
-        "FROM runs WHERE run_id = $1",
-        [run_id],
+        "UPDATE runs SET iteration_marker = $2 WHERE run_id = $1 "
+        "RETURNING world_size, pp, tp, dp, nodes, gpus_per_node",
+        [run_id, marker],
     ).fetchall()
     if not row:
         raise RunNotFoundError(f"run {run_id!r} is not in the database; list runs with: tracecal runs")
-    world, pp, tp, dp, nodes, gpn, derived = row[0]
-    return Layout(world_size=world, pp=pp, tp=tp, dp=dp), nodes, gpn, bool(derived)
+    world, pp, tp, dp, nodes, gpn = row[0]
+    derived = False
+    if not fresh:
+        derived = bool(
+            con.execute(
+                f"SELECT EXISTS (SELECT 1 FROM {OPERATORS.name} WHERE run_id = $1) "
+                f"OR EXISTS (SELECT 1 FROM {COLLECTIVES.name} WHERE run_id = $1) "
+                f"OR EXISTS (SELECT 1 FROM {ITERATIONS.name} WHERE run_id = $1)",
+                [run_id],
+            ).fetchall()[0][0]
+        )
+    return Layout(world_size=world, pp=pp, tp=tp, dp=dp), nodes, gpn, derived
+
+
+class DecodeHandoff:
+    """The events the loader stores for a run, kept for its decode (only the ``DECODE_COLUMNS``).
+
+    The loader calls ``keep`` with every table it inserts into ``events`` (``run_id`` and ``rank``
+    filled in) and passes the handoff to ``decode_stored_run``. Once the run exceeds
+    ``BATCH_EVENTS`` events the tables are dropped and decode reads the run back in batches, so a
+    large run is never held whole.
+    """
+
+    def __init__(self) -> None:
+        self._tables: list[pa.Table] | None = []
+        self._rows = 0
+
+    def keep(self, events: pa.Table) -> None:
+        """Keep (a column selection of) one inserted table of events, within the budget."""
+        if self._tables is None:
+            return
+        self._rows += events.num_rows
+        if self._rows > BATCH_EVENTS:
+            self._tables = None
+            return
+        self._tables.append(events.select([c for c in DECODE_COLUMNS if c in events.schema.names]))
+
+    def events(self) -> pl.DataFrame | None:
+        """Every kept event with the ``DECODE_COLUMNS`` as read back from ``events`` (same types,
+        absent columns NULL, dictionary-encoded strings decoded); None when over the budget."""
+        if self._tables is None:
+            return None
+        schema = arrow_schema(EVENTS)
+        tables = []
+        for table in self._tables:
+            columns = [
+                table.column(c).cast(schema.field(c).type)
+                if c in table.schema.names
+                else pa.nulls(table.num_rows, schema.field(c).type)
+                for c in DECODE_COLUMNS
+            ]
+            tables.append(pa.table(columns, names=list(DECODE_COLUMNS)))
+        if not tables:
+            tables.append(
+                pa.table([pa.array([], schema.field(c).type) for c in DECODE_COLUMNS], names=list(DECODE_COLUMNS))
+            )
+        frame = pl.from_arrow(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
+        assert isinstance(frame, pl.DataFrame)
+        return frame
 
 
 def _topology(collectives: pl.DataFrame, world_size: int | None, nodes: int | None, gpn: int | None) -> pl.DataFrame:
@@ -135,6 +200,7 @@ def decode_stored_run(
     *,
     iteration_marker: str | None = None,
     on_rank: Callable[[int], None] | None = None,
+    handoff: DecodeHandoff | None = None,
 ) -> DecodeSummary:
     """Decode the run's stored events into ``operators``, ``collectives`` and ``iterations``.
 
@@ -145,35 +211,54 @@ def decode_stored_run(
         run_id: a run whose ``runs``, ``ranks`` and ``events`` rows are stored.
         iteration_marker: regex delimiting iterations; None means ``ProfilerStep#N``.
         on_rank: called with each rank after its batch is decoded (progress reporting).
+        handoff: the events the loader stored for the run in this transaction, after deleting
+            everything the run had (so there are no derived rows to replace); decoded without
+            reading them back unless the run was too large to keep. None: read from the database.
 
     Raises:
         RunNotFoundError: the run is not in the database.
         TraceFormatError: ``iteration_marker`` is not a valid regex.
     """
     started = time.perf_counter()
-    layout, nodes, gpn, derived = _layout(con, run_id)
+    marker = iteration_marker or DEFAULT_MARKER
+    try:  # before anything is written
+        re.compile(marker)
+    except re.error as exc:
+        raise TraceFormatError(f"--iteration-marker {marker!r} is not a valid regex: {exc}") from exc
+    given = handoff.events() if handoff is not None else None
+    layout, nodes, gpn, derived = _layout(con, run_id, marker, fresh=handoff is not None)
     if derived:
         for table in (OPERATORS, COLLECTIVES, ITERATIONS):
             con.execute(f"DELETE FROM {table.name} WHERE run_id = ?", [run_id])  # name from schema
-    sizes = con.execute(
-        "SELECT rank, count(*) FROM events WHERE run_id = ? GROUP BY rank ORDER BY rank", [run_id]
-    ).fetchall()
-    ranks = [r for r, _ in sizes]
+    if given is not None:
+        ranks = sorted(given.get_column("rank").unique().to_list())
+        batches = [(ranks[0], ranks[-1])] if ranks else []
+    else:
+        sizes = con.execute(
+            "SELECT rank, count(*) FROM events WHERE run_id = ? GROUP BY rank ORDER BY rank", [run_id]
+        ).fetchall()
+        ranks = [r for r, _ in sizes]
+        batches = _batches(sizes, BATCH_EVENTS)
     collectives: list[pl.DataFrame] = []
     iterations: list[pl.DataFrame] = []
     n_ops = unlinked = 0
     kernel_ns = linked_ns = 0
     markers = True
-    for first, last in _batches(sizes, BATCH_EVENTS):
-        # only the columns decode reads; sorted here, not by DuckDB (its ORDER BY costs more than the rest of the read)
-        events = pl.from_arrow(
-            query_arrow(
-                con,
-                f"SELECT {', '.join(DECODE_COLUMNS)} FROM events WHERE run_id = ? AND rank BETWEEN ? AND ?",
-                [run_id, first, last],
+    for first, last in batches:
+        if given is not None:  # the whole run, as the loader stored it (one batch)
+            events, given = given, None
+        else:
+            # only the columns decode reads; sorted here, not by DuckDB (its ORDER BY costs more than
+            # the rest of the read)
+            read = pl.from_arrow(
+                query_arrow(
+                    con,
+                    f"SELECT {', '.join(DECODE_COLUMNS)} FROM events WHERE run_id = ? AND rank BETWEEN ? AND ?",
+                    [run_id, first, last],
+                )
             )
-        )
-        assert isinstance(events, pl.DataFrame)
+            assert isinstance(read, pl.DataFrame)
+            events = read
         if not (events["rank"].cast(pl.Int64) * (1 << 40) + events["event_id"]).is_sorted():
             events = events.sort("rank", "event_id")
         decoded = decode_ranks(events, layout=layout, marker=iteration_marker)
@@ -221,9 +306,6 @@ def decode_stored_run(
             offsets["clock_offset_ns"].to_list(),
             offsets["clock_residual_ns"].to_list(),
         ],
-    )
-    con.execute(
-        "UPDATE runs SET iteration_marker = ? WHERE run_id = ?", [iteration_marker or "^ProfilerStep#(\\d+)$", run_id]
     )
     if colls.height:
         colls = _topology(colls, layout.world_size, nodes, gpn).with_columns(pl.lit(run_id).alias("run_id"))
