@@ -91,6 +91,17 @@ def test_corrupt_gzip(db: Path, tmp_path: Path) -> None:
     _fails(db, [str(run)], "rank-0.json.gz", "corrupt or truncated gzip")
 
 
+def test_damaged_deflate_block(db: Path, tmp_path: Path) -> None:
+    """A valid gzip header over a damaged deflate stream: zlib and ISA-L (when installed) raise
+    different exception types; both are the same one-line error."""
+    data = bytearray(RANK0.read_bytes())
+    data[100:200] = b"x" * 100
+    run = tmp_path / "damaged"
+    run.mkdir()
+    (run / "rank-0.json.gz").write_bytes(bytes(data))
+    _fails(db, [str(run)], "rank-0.json.gz", "corrupt or truncated gzip")
+
+
 def test_truncated_gzip(db: Path, tmp_path: Path) -> None:
     run = tmp_path / "cut"
     run.mkdir()
