@@ -163,14 +163,23 @@ def family_expr(
 def with_family(
     frame: pl.DataFrame, cpu_op_name: str = "cpu_op_name", kernel_name: str = "name", kind: str = "kind"
 ) -> pl.DataFrame:
-    """``frame`` plus ``family`` (``family_expr`` of the three columns), keeping the row order.
+    """``frame`` plus ``family`` (``family_of`` of the three columns), keeping the row order.
 
-    The rule runs a few dozen regexes; operators repeat a few hundred (op, kernel, kind) triples, so
-    it runs once per distinct triple and is joined back.
+    The rule runs a few dozen regexes; operators repeat a few dozen to a few hundred (op, kernel,
+    kind) triples, so it runs once per distinct triple (``family_of``, cached) and is joined back.
+    Python's regexes are compiled when this module is imported; ``family_expr`` makes polars compile
+    its 21 on first use in every process, 10-15 ms, more than matching a trace's triples in Python.
     """
     keys = [cpu_op_name, kernel_name, kind]
-    table = frame.select(keys).unique().with_columns(family_expr(*keys))
+    table = frame.select(keys).unique()
+    families = [_family_cached(c, k, t) for c, k, t in table.iter_rows()]
+    table = table.with_columns(pl.Series("family", families, dtype=pl.Utf8))
     return frame.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
+
+
+@lru_cache(maxsize=65536)
+def _family_cached(cpu_op_name: str | None, kernel_name: str | None, kind: str | None) -> str:
+    return family_of(cpu_op_name, kernel_name, kind)
 
 
 # --- shapes ----------------------------------------------------------------------------------------
@@ -366,7 +375,7 @@ def shape_row(
     dtype = next((t for _, t in ts if t), None)
     nbytes = DTYPE_BYTES.get(dtype) if dtype else None
     out["dtype"] = dtype
-    fam = family_of(name)
+    fam = _family_cached(name, None, None)  # signatures repeat names
     if fam == "gemm":
         g = _gemm(name, ts)
         if g:
