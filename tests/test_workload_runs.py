@@ -162,6 +162,20 @@ def test_pipeline_sends_and_receives_one_activation_and_one_gradient_per_micro_b
             assert dsts == {str(peer)}
 
 
+def test_traces_keep_scalar_arguments_but_not_scalar_lists(runs: dict[str, Path]) -> None:
+    # list arguments cost the traced ops fresh pages (train.RECORD_SCALAR_LISTS); the scalars decode
+    # reads stay: SDPA's is_causal, softmax's dim
+    meta = json.loads((runs["pp2"] / "run.json").read_text())
+    assert meta["profile"]["record_scalar_lists"] is False
+    events = load(runs["pp2"], 1)["traceEvents"]
+    args = {e["name"]: e["args"] for e in events if "Concrete Inputs" in e.get("args", {})}
+    assert args["aten::scaled_dot_product_attention"]["Concrete Inputs"][5] == "True"
+    assert args["aten::_log_softmax"]["Concrete Inputs"][1] == "1"  # cross-entropy over [tokens, vocab]
+    # reshape/view sizes are lists: recorded as shapes-only ("" in Concrete Inputs)
+    views = [e["args"] for e in events if e["name"] in ("aten::view", "aten::reshape") and "Input Dims" in e["args"]]
+    assert views and all(a["Concrete Inputs"][1] == "" for a in views)
+
+
 def test_tensor_parallel_all_reduces_two_per_layer_per_micro_batch_each_way(runs: dict[str, Path]) -> None:
     for name in ("tp2", "pp2tp2"):
         cfg = LAYOUTS[name]
