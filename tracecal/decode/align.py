@@ -160,21 +160,18 @@ def _per_group_median(groups: np.ndarray, values: np.ndarray, n: int) -> np.ndar
 def apply_offsets(
     iterations: pl.DataFrame, collectives: pl.DataFrame, offsets: pl.DataFrame
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Fill ``aligned_*`` columns of iterations and collectives (unknown offset counts as 0)."""
-    off = offsets.select("rank", pl.col("clock_offset_ns").fill_null(0).alias("_off"))
-    it = (
-        iterations.join(off, on="rank", how="left")
-        .with_columns(
-            (pl.coalesce("gpu_start_ns", "cpu_start_ns") + pl.col("_off")).alias("aligned_start_ns"),
-            (pl.coalesce("gpu_end_ns", "cpu_end_ns") + pl.col("_off")).alias("aligned_end_ns"),
-        )
-        .drop("_off")
+    """Fill ``aligned_*`` columns of iterations and collectives (unknown offset counts as 0).
+
+    Every rank of ``iterations`` and ``collectives`` has a row in ``offsets`` (a rank without one
+    gets NULL aligned times). The offsets map ranks to shifts (a run has a few ranks): no joins.
+    """
+    shifts = dict(zip(offsets["rank"].to_list(), offsets["clock_offset_ns"].fill_null(0).to_list(), strict=True))
+    off = pl.col("rank").replace_strict(shifts, default=None, return_dtype=pl.Int64)
+    it = iterations.with_columns(
+        (pl.coalesce("gpu_start_ns", "cpu_start_ns") + off).alias("aligned_start_ns"),
+        (pl.coalesce("gpu_end_ns", "cpu_end_ns") + off).alias("aligned_end_ns"),
     )
-    co = (
-        collectives.join(off, on="rank", how="left")
-        .with_columns((pl.col("ts_ns") + pl.col("_off")).alias("aligned_ts_ns"))
-        .drop("_off")
-    )
+    co = collectives.with_columns((pl.col("ts_ns") + off).alias("aligned_ts_ns"))
     return it, co
 
 

@@ -10,12 +10,14 @@ Every frame here may hold several ranks (a ``rank`` column); windows never cross
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Collection
 
+import numpy as np
 import polars as pl
 
-from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, names_like
+from tracecal.decode.nesting import ENGINE, NameIndex, names_like
 from tracecal.errors import TraceFormatError
 
 DEFAULT_MARKER = r"^ProfilerStep#(\d+)$"
@@ -135,17 +137,48 @@ def assign_iterations(points: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFra
     Returns:
         ``qid`` and ``iteration`` (int32, NULL outside every window).
     """
-    iv = windows.select(
-        pl.col("rank").cast(pl.Int32),
-        pl.col("iteration").cast(pl.Int64).alias("id"),
-        pl.col("cpu_start_ns").alias("ts_ns"),
-        pl.col("cpu_end_ns").alias("end_ns"),
-    )
-    pts = points.filter(pl.col("t").is_not_null()).select(pl.col("rank").cast(pl.Int32), "qid", "t")
-    hit = enclosing(iv, pts, lane=("rank",), outermost=True)
-    return points.select("qid").join(
-        hit.select("qid", pl.col("id").cast(pl.Int32).alias("iteration")), on="qid", how="left"
-    )
+    return points.select("qid").with_columns(window_of(points.get_column("rank"), points.get_column("t"), windows))
+
+
+def window_of(rank: pl.Series, t: pl.Series, windows: pl.DataFrame) -> pl.Series:
+    """Per point (``rank``, ``t``): the iteration whose window on that rank contains ``t`` (half-open
+    ``[cpu_start_ns, cpu_end_ns)``), as an int32 Series named ``iteration``; NULL outside every window
+    and where ``t`` is NULL.
+
+    Windows of a rank do not overlap (``iteration_windows`` drops nested ones), so the window holding
+    a point is the last one of its rank starting at or before it: a binary search per rank in numpy
+    (a few frame operations cost more than the search on the few thousand points of most traces).
+    Zero-length windows contain nothing.
+    """
+    n = len(rank)
+    out = np.full(n, -1, dtype=np.int64)
+    found = np.zeros(n, dtype=bool)
+    start, end = windows.get_column("cpu_start_ns"), windows.get_column("cpu_end_ns")
+    w_start, w_end = start.cast(pl.Int64).fill_null(0).to_numpy(), end.cast(pl.Int64).fill_null(0).to_numpy()
+    w_rank = windows.get_column("rank").cast(pl.Int64).to_numpy()
+    keep = (start.is_not_null() & end.is_not_null()).to_numpy() & (w_end > w_start)
+    w_order = np.lexsort((w_start, w_rank))
+    w_order = w_order[keep[w_order]]  # by rank, then start
+    if n and len(w_order):
+        w_rank, w_start, w_end = w_rank[w_order], w_start[w_order], w_end[w_order]
+        w_it = windows.get_column("iteration").cast(pl.Int64).to_numpy()[w_order]
+        p_rank = rank.cast(pl.Int64).fill_null(-1).to_numpy()
+        p_null = t.is_null().to_numpy()
+        p_t = t.cast(pl.Int64).fill_null(0).to_numpy()
+        order = np.argsort(p_rank, kind="stable")
+        sorted_rank = p_rank[order]
+        bounds = np.flatnonzero(np.r_[True, w_rank[1:] != w_rank[:-1], True])
+        for a, b in itertools.pairwise(bounds):
+            lo, hi = np.searchsorted(sorted_rank, [w_rank[a], w_rank[a] + 1])
+            idx = order[lo:hi]
+            tt = p_t[idx]
+            j = np.searchsorted(w_start[a:b], tt, side="right") - 1
+            jj = np.maximum(j, 0) + a
+            ok = (j >= 0) & (tt < w_end[jj]) & ~p_null[idx]
+            out[idx[ok]] = w_it[jj[ok]]
+            found[idx[ok]] = True
+    iteration = pl.Series("iteration", out, dtype=pl.Int32)
+    return iteration if found.all() else iteration.set(pl.Series(~found), None)
 
 
 def iteration_spans(windows: pl.DataFrame, operators: pl.DataFrame, *, gpu_ranks: Collection[int]) -> pl.DataFrame:
@@ -160,7 +193,8 @@ def iteration_spans(windows: pl.DataFrame, operators: pl.DataFrame, *, gpu_ranks
         rank, iteration, marker, cpu_start_ns, cpu_end_ns, gpu_start_ns, gpu_end_ns, dur_ns.
     """
     g = (
-        operators.filter(pl.col("iteration").is_not_null() & pl.col("rank").is_in(list(gpu_ranks)))
+        operators.lazy()
+        .filter(pl.col("iteration").is_not_null() & pl.col("rank").is_in(list(gpu_ranks)))
         .group_by("rank", "iteration")
         .agg(
             pl.col("ts_ns").min().alias("gpu_start_ns"),
@@ -168,10 +202,14 @@ def iteration_spans(windows: pl.DataFrame, operators: pl.DataFrame, *, gpu_ranks
         )
         .with_columns(pl.col("rank").cast(pl.Int32), pl.col("iteration").cast(pl.Int32))
     )
-    out = windows.join(g, on=["rank", "iteration"], how="left")
-    return out.with_columns(
-        pl.when(pl.col("gpu_start_ns").is_not_null())
-        .then(pl.col("gpu_end_ns") - pl.col("gpu_start_ns"))
-        .otherwise(pl.col("cpu_end_ns") - pl.col("cpu_start_ns"))
-        .alias("dur_ns")
-    ).sort("rank", "cpu_start_ns")
+    out = windows.lazy().join(g, on=["rank", "iteration"], how="left")  # one plan: one collect
+    return (
+        out.with_columns(
+            pl.when(pl.col("gpu_start_ns").is_not_null())
+            .then(pl.col("gpu_end_ns") - pl.col("gpu_start_ns"))
+            .otherwise(pl.col("cpu_end_ns") - pl.col("cpu_start_ns"))
+            .alias("dur_ns")
+        )
+        .sort("rank", "cpu_start_ns")
+        .collect(engine=ENGINE)
+    )

@@ -15,7 +15,7 @@ import polars as pl
 from tracecal.decode import classify, collectives, link
 from tracecal.decode.classify import assign_phases, component_expr
 from tracecal.decode.collectives import Layout, rank_collectives
-from tracecal.decode.iterations import DEFAULT_MARKER, assign_iterations, iteration_spans, iteration_windows
+from tracecal.decode.iterations import DEFAULT_MARKER, iteration_spans, iteration_windows, window_of
 from tracecal.decode.link import GPU_KINDS, cpu_leaf_operators, link_gpu_operators, outermost_scope, with_end
 from tracecal.decode.nesting import ENGINE, NameIndex
 from tracecal.decode.shapes import shape_features, with_family
@@ -88,8 +88,8 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
         parts.append(cpu_leaf_operators(ev.filter(~on_gpu) if mixed else ev, names))
     ops = parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical_relaxed")
     ops = outermost_scope(ev, ops, names=names)
-    when = ops.select("rank", pl.col("uid").alias("qid"), pl.coalesce("launch_ns", "ts_ns").alias("t"))
-    ops = ops.join(assign_iterations(when, windows).rename({"qid": "uid"}), on="uid", how="left")
+    when = ops.select(pl.coalesce("launch_ns", "ts_ns")).to_series()
+    ops = ops.with_columns(window_of(ops.get_column("rank"), when, windows))
     ops = with_family(ops)
     ops = assign_phases(ev, ops, names)
     colls = rank_collectives(ev, ops, layout=layout, gpu_ranks=gpu_ranks, names=names)
