@@ -18,7 +18,7 @@ from tracecal.decode.collectives import Layout, rank_collectives
 from tracecal.decode.iterations import DEFAULT_MARKER, iteration_spans, iteration_windows, window_of
 from tracecal.decode.link import GPU_KINDS, cpu_leaf_operators, link_gpu_operators, outermost_scope, with_end
 from tracecal.decode.nesting import ENGINE, NameIndex
-from tracecal.decode.shapes import shape_features, with_family
+from tracecal.decode.shapes import family_shape_table
 from tracecal.schema import OPERATORS
 
 DECODE_COLUMNS = (
@@ -90,12 +90,14 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
     ops = outermost_scope(ev, ops, names=names)
     when = ops.select(pl.coalesce("launch_ns", "ts_ns")).to_series()
     ops = ops.with_columns(window_of(ops.get_column("rank"), when, windows))
-    ops = with_family(ops)
     ops = assign_phases(ev, ops, names)
     colls = rank_collectives(ev, ops, layout=layout, gpu_ranks=gpu_ranks, names=names)
-    ops = shape_features(ops, name="cpu_op_name", concrete_inputs="cpu_concrete_inputs")
+    # family and shape features per distinct signature, joined in the final plan
+    table = family_shape_table(ops)
+    keys = table.columns[:6]  # the signature columns of ``ops`` it was built from
     ops = (
         ops.lazy()
+        .join(table.lazy(), on=keys, how="left", nulls_equal=True)
         .join(colls.lazy().select("rank", "event_id", "role"), on=["rank", "event_id"], how="left")
         .with_columns(component_expr())
         .with_columns(pl.col("rank").cast(pl.Int32), pl.lit(None, dtype=pl.Utf8).alias("run_id"))

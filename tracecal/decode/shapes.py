@@ -480,6 +480,32 @@ _SHAPE_SCHEMA = {
 }
 
 
+def family_shape_table(
+    frame: pl.DataFrame,
+    *,
+    name: str = "cpu_op_name",
+    kernel_name: str = "name",
+    kind: str = "kind",
+    input_dims: str = "input_dims",
+    input_types: str = "input_types",
+    concrete_inputs: str = "cpu_concrete_inputs",
+) -> pl.DataFrame:
+    """One row per distinct (op, kernel, kind, dims, types, concrete inputs) of ``frame``: those six
+    key columns plus ``family`` (``with_family``) and every ``schema.SHAPE_COLUMNS`` column
+    (``shape_features``), for the caller to join back (``nulls_equal=True``) inside its own plan:
+    both answers from one pass over the distinct keys instead of two distinct/join rounds."""
+    keys = [name, kernel_name, kind, input_dims, input_types, concrete_inputs]
+    distinct = frame.select(keys).unique()
+    families: list[str] = []
+    rows: list[tuple[Any, ...]] = []
+    for op, kernel, knd, dims, types, concrete in distinct.iter_rows():
+        families.append(_family_cached(op, kernel, knd))
+        rows.append(_shape_row_cached(op or "", dims, types, concrete))
+    feats = pl.DataFrame(rows, schema=_SHAPE_SCHEMA, orient="row") if rows else pl.DataFrame(schema=_SHAPE_SCHEMA)
+    family = pl.DataFrame({"family": families}, schema={"family": pl.Utf8})
+    return pl.concat([distinct, family, feats], how="horizontal")
+
+
 def shape_features(
     frame: pl.DataFrame,
     *,
