@@ -49,6 +49,27 @@ def test_compute_timing_profiler_is_recorded_on_each_sample(db_path: Path) -> No
     assert _count(db_path, 'params_json LIKE \'%"timing":"profiler"%\'') == _count(db_path) > 0
 
 
+def test_compute_passes_and_processes_reach_every_sample(db_path: Path) -> None:
+    args = ["sample", "compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--repeats", "2",
+            "--warmup", "0", "--passes", "3", "--processes", "2", "--db", str(db_path)]  # fmt: skip
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "3 pass(es), 2 process(es)" in " ".join(result.output.split())
+    con = duckdb.connect(str(db_path), read_only=True)
+    try:
+        rows = con.execute(
+            "SELECT json_extract(params_json, '$.passes')::INT, json_extract(params_json, '$.processes')::INT, "
+            "repeats FROM samples"
+        ).fetchall()
+    finally:
+        con.close()
+    # every point timed 2 repeats in each of 3 passes, by one of 2 concurrent workers
+    assert rows and set(rows) == {(3, 2, 6)}
+    # a different measurement than one lone process: the same points are sampled again, not skipped
+    again = runner.invoke(app, [*args[:-6], "--db", str(db_path)])
+    assert again.exit_code == 0 and "0 already stored" in again.output
+
+
 def test_compute_dtype_override_and_sharding(db_path: Path) -> None:
     base = ["sample", "compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--repeats", "1",
             "--warmup", "0", "--dtype", "bfloat16", "--dtype", "float32", "--parts", "2",

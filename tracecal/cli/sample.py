@@ -51,6 +51,24 @@ def compute(
             "CPU trace measures an operator; about twice the sampling time). CUDA uses CUDA events.",
         ),
     ] = None,
+    passes: Annotated[
+        int,
+        typer.Option(
+            "--passes",
+            min=1,
+            help="Sweeps over all points, each timing --repeats calls per point (spreads "
+            "a point's repeats over the run, so a burst of load disturbs one pass, not every repeat).",
+        ),
+    ] = 1,
+    processes: Annotated[
+        int,
+        typer.Option(
+            "--processes",
+            min=1,
+            help="CPU: concurrent sampler processes; set it to the ranks the modelled "
+            "workload ran on one node (samples then carry their contention; recorded in each sample).",
+        ),
+    ] = 1,
     inference: Annotated[
         bool, typer.Option("--inference", help="Forward calls without autograd (default: as in training).")
     ] = False,
@@ -98,6 +116,8 @@ def compute(
                 threads=threads if threads is not None else defaults.threads,
                 autograd=autograd,
                 timing=timing,
+                passes=passes,
+                processes=processes,
             )
             if dry_run:
                 todo = pending(con, points, run)
@@ -119,7 +139,7 @@ def compute(
         stdout.print(
             f"{cluster}: {report.planned} points, {report.already_stored} already stored, "
             f"{report.written} written, {len(report.skipped)} skipped in {report.seconds:.1f} s "
-            f"(device {device}, database {settings.db_path})"
+            f"(device {device}, {passes} pass(es), {processes} process(es), database {settings.db_path})"
         )
         if report.skipped:
             render_rows("skipped points", ["reason", "points"], sorted(report.skipped_reasons().items()))
