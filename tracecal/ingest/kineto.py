@@ -258,9 +258,17 @@ def _parsed_rank(path: Path, header: dict[str, Any], table: pa.Table, era: str, 
 
 
 def _main_pid(table: pa.Table) -> int | None:
-    """The process that ran most CPU operators (the training process)."""
-    cpu = table.filter(pc.equal(table["kind"].cast(pa.string()), "cpu_op"))["pid"]
-    counts = pc.value_counts(cpu.drop_null())
+    """The process that ran most CPU operators (the training process). ``kind`` is dictionary-encoded
+    (``events_to_batch``): the code of ``cpu_op`` is compared, not every decoded string."""
+    pids = []
+    for batch in table.to_batches():
+        kind, pid = batch.column("kind"), batch.column("pid")
+        codes = [i for i, value in enumerate(kind.dictionary.to_pylist()) if value == "cpu_op"]
+        if codes:
+            pids.append(pid.filter(pc.is_in(kind.indices, pa.array(codes, kind.indices.type))))
+    if not pids:
+        return None
+    counts = pc.value_counts(pa.chunked_array(pids).drop_null())
     if len(counts) == 0:
         return None
     best = max(counts.to_pylist(), key=lambda c: c["counts"])
