@@ -92,11 +92,14 @@ def _batches(sizes: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]
     return out
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame) -> None:
+def _insert(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame, run_id: str) -> None:
+    """Insert ``frame``'s rows of ``table`` for ``run_id`` (filled in Arrow: no frame operation)."""
     if frame.height == 0:
         return
-    arrow = frame.select(table.column_names).to_arrow().cast(arrow_schema(table))
-    con.from_arrow(arrow).insert_into(table.name)  # no register/unregister round trips
+    columns = [c for c in table.column_names if c != "run_id"]
+    arrow = frame.select(columns).to_arrow()
+    arrow = arrow.add_column(table.column_names.index("run_id"), "run_id", pa.repeat(run_id, frame.height))
+    con.from_arrow(arrow.cast(arrow_schema(table))).insert_into(table.name)  # no register/unregister round trips
 
 
 def _layout(
@@ -263,18 +266,15 @@ def decode_stored_run(
             events = events.sort("rank", "event_id")
         decoded = decode_ranks(events, layout=layout, marker=iteration_marker)
         del events
-        ops = decoded.operators.with_columns(pl.lit(run_id).alias("run_id"))
-        _insert(con, OPERATORS, ops)
+        ops = decoded.operators
+        _insert(con, OPERATORS, ops, run_id)
         n_ops += ops.height
-        kernel = pl.col("kind") == "kernel"
-        counts = ops.select(
-            pl.col("cpu_op_event_id").is_null().sum(),
-            pl.col("dur_ns").filter(kernel).sum().alias("kernel"),
-            pl.col("dur_ns").filter(kernel & pl.col("cpu_op_event_id").is_not_null()).sum().alias("linked"),
-        ).row(0)
-        unlinked += int(counts[0])
-        kernel_ns += int(counts[1] or 0)
-        linked_ns += int(counts[2] or 0)
+        # series operations: no query plan each
+        cpu_op, dur = ops.get_column("cpu_op_event_id"), ops.get_column("dur_ns")
+        kernel = ops.get_column("kind") == "kernel"
+        unlinked += cpu_op.null_count()
+        kernel_ns += int(dur.filter(kernel).sum() or 0)
+        linked_ns += int(dur.filter(kernel & cpu_op.is_not_null()).sum() or 0)
         collectives.append(decoded.collectives)
         iterations.append(decoded.iterations)
         markers = markers and decoded.markers_found
@@ -308,10 +308,9 @@ def decode_stored_run(
         ],
     )
     if colls.height:
-        colls = _topology(colls, layout.world_size, nodes, gpn).with_columns(pl.lit(run_id).alias("run_id"))
-        _insert(con, COLLECTIVES, colls)
-    if its.height:
-        _insert(con, ITERATIONS, its.with_columns(pl.lit(run_id).alias("run_id")))
+        colls = _topology(colls, layout.world_size, nodes, gpn)
+        _insert(con, COLLECTIVES, colls, run_id)
+    _insert(con, ITERATIONS, its, run_id)
     best = best_iteration(its)
     multi = len(ranks) > 1 and colls.height > 0
     return DecodeSummary(
