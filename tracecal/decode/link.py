@@ -52,11 +52,18 @@ def uid_expr(rank: str = "rank", event_id: str = "event_id") -> pl.Expr:
     return pl.col(rank).cast(pl.Int64) * (1 << UID_SHIFT) + pl.col(event_id)
 
 
+END_NS = (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns")
+"""An event's end (``ts_ns + dur_ns``; a missing duration counts as an instant)."""
+
+
 def with_end(events: pl.DataFrame) -> pl.DataFrame:
-    """Events plus ``end_ns`` (``ts_ns + dur_ns``; a missing duration counts as an instant) and ``uid``."""
-    return events.with_columns(
-        (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"), uid_expr().alias("uid")
-    )
+    """Events plus ``end_ns`` (``END_NS``) and ``uid``."""
+    return events.with_columns(END_NS, uid_expr().alias("uid"))
+
+
+def uid_series(events: pl.DataFrame) -> pl.Series:
+    """``uid_expr`` as a series operation (no query plan)."""
+    return (events.get_column("rank").cast(pl.Int64) * (1 << UID_SHIFT) + events.get_column("event_id")).alias("uid")
 
 
 def _cpu_ops(events: pl.DataFrame, names: NameIndex | None = None) -> pl.LazyFrame:

@@ -16,7 +16,7 @@ from tracecal.decode import classify, collectives, link
 from tracecal.decode.classify import assign_phases, component_expr
 from tracecal.decode.collectives import Layout, rank_collectives
 from tracecal.decode.iterations import DEFAULT_MARKER, iteration_spans, iteration_windows, window_of
-from tracecal.decode.link import GPU_KINDS, cpu_leaf_operators, link_gpu_operators, outermost_scope, with_end
+from tracecal.decode.link import END_NS, GPU_KINDS, cpu_leaf_operators, link_gpu_operators, outermost_scope, uid_series
 from tracecal.decode.nesting import ENGINE, NameIndex
 from tracecal.decode.shapes import family_shape_table
 from tracecal.schema import OPERATORS
@@ -72,19 +72,23 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
     Raises:
         TraceFormatError: ``marker`` is not a valid regex.
     """
-    ev = with_end(events.select(DECODE_COLUMNS))
-    if ev.get_column("uid").is_sorted():  # as read back: later sorts by uid take polars' fast path
-        ev = ev.with_columns(pl.col("uid").set_sorted())
-    per_rank = ev.group_by("rank").agg(pl.col("kind").is_in(GPU_KINDS).any().alias("gpu"))
-    gpu_ranks = frozenset(per_rank.filter(pl.col("gpu"))["rank"].to_list())
+    # series operations where they do (a frame operation plans a query first, a fixed cost that
+    # dominates on small traces)
+    uid = uid_series(events)
+    if uid.is_sorted():  # as read back: later sorts by uid take polars' fast path
+        uid = uid.set_sorted()
+    ev = events.select(*DECODE_COLUMNS, END_NS, uid)  # ``with_end``
+    rank = ev.get_column("rank")
+    all_ranks = rank.unique()
+    gpu_ranks = frozenset(rank.filter(ev.get_column("kind").is_in(GPU_KINDS)).unique().to_list())
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
     names = NameIndex(ev, [marker or DEFAULT_MARKER, *NAME_PATTERNS])  # each regex once per distinct name
     windows = iteration_windows(ev, marker, names)
     parts = []
-    mixed = 0 < len(gpu_ranks) < per_rank.height  # else no copy of the events by rank
+    mixed = 0 < len(gpu_ranks) < len(all_ranks)  # else no copy of the events by rank
     if gpu_ranks:
         parts.append(link_gpu_operators(ev.filter(on_gpu) if mixed else ev, names))
-    if len(gpu_ranks) < per_rank.height:
+    if len(gpu_ranks) < len(all_ranks):
         parts.append(cpu_leaf_operators(ev.filter(~on_gpu) if mixed else ev, names))
     ops = parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical_relaxed")
     ops = outermost_scope(ev, ops, names=names)
@@ -111,7 +115,7 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
         collectives=colls,
         iterations=its,
         gpu_ranks=gpu_ranks,
-        unmarked_ranks=frozenset(windows.filter(pl.col("marker").is_null())["rank"].unique().to_list()),
+        unmarked_ranks=frozenset(windows.get_column("rank").filter(windows.get_column("marker").is_null()).to_list()),
     )
 
 
