@@ -47,6 +47,36 @@ def _number(names: list[str], compiled: re.Pattern[str]) -> list[int]:
     return [n for n in numbers if n is not None]
 
 
+def _outermost(cands: pl.DataFrame) -> pl.DataFrame:
+    """Marker candidates sorted by rank, start, event id, without the nested or repeated ones (a
+    framework marker inside a python frame of the same name): a window is kept unless an earlier
+    candidate of its rank ends after it starts. A few rows per iteration: a Python pass over numpy
+    arrays (the frame plan of a sort and a running maximum per rank costs more)."""
+    ts, end = cands.get_column("ts_ns"), cands.get_column("end_ns")
+    if ts.null_count() or end.null_count():  # unknown times: the frame plan, which orders NULLs first
+        return (
+            cands.sort("rank", "ts_ns", "event_id")
+            .with_columns(pl.col("end_ns").cum_max().shift(1).over("rank").alias("_prev_end"))
+            .filter(pl.col("_prev_end").is_null() | (pl.col("ts_ns") >= pl.col("_prev_end")))
+            .drop("_prev_end")
+        )
+    rank = cands.get_column("rank").cast(pl.Int64).to_numpy()
+    start, stop = ts.cast(pl.Int64).to_numpy(), end.cast(pl.Int64).to_numpy()
+    order = np.lexsort((cands.get_column("event_id").cast(pl.Int64).to_numpy(), start, rank)).tolist()
+    rank_l, start_l, stop_l = rank.tolist(), start.tolist(), stop.tolist()
+    keep: list[int] = []
+    current, reach = None, 0
+    for i in order:
+        if rank_l[i] != current:
+            current, reach = rank_l[i], stop_l[i]
+            keep.append(i)
+            continue
+        if start_l[i] >= reach:
+            keep.append(i)
+        reach = max(reach, stop_l[i])
+    return cands[keep]
+
+
 def iteration_windows(events: pl.DataFrame, marker: str | None = None, names: NameIndex | None = None) -> pl.DataFrame:
     """The iteration windows of every rank in ``events``.
 
@@ -73,16 +103,10 @@ def iteration_windows(events: pl.DataFrame, marker: str | None = None, names: Na
     # one lazy plan (each eager frame operation has a fixed cost): the marker candidates, and the
     # ranks and the first rank of the batch, to tell whether some rank has no marker at all
     lazy = events.lazy().select("rank", "event_id", "kind", "name", "ts_ns", "end_ns")
-    cands_lazy = (
-        lazy.filter(pl.col("kind").is_in(_MARKER_KINDS) & like)
-        .sort("rank", "ts_ns", "event_id")
-        # nested or repeated matches (a framework marker inside a python frame of the same name): keep
-        # only windows not enclosed by an earlier kept window of the same rank
-        .with_columns(pl.col("end_ns").cum_max().shift(1).over("rank").alias("_prev_end"))
-        .filter(pl.col("_prev_end").is_null() | (pl.col("ts_ns") >= pl.col("_prev_end")))
-    )
+    cands_lazy = lazy.filter(pl.col("kind").is_in(_MARKER_KINDS) & like)
     ranks_lazy = lazy.select(pl.col("rank").unique())
     cands, all_ranks = pl.collect_all([cands_lazy, ranks_lazy], engine=ENGINE)
+    cands = _outermost(cands)
     parts = []
     if cands.height:
         # numbered per rank (rows are sorted by rank), one frame for all ranks
@@ -154,7 +178,7 @@ def window_of(rank: pl.Series, t: pl.Series, windows: pl.DataFrame) -> pl.Series
     out = np.full(n, -1, dtype=np.int64)
     found = np.zeros(n, dtype=bool)
     start, end = windows.get_column("cpu_start_ns"), windows.get_column("cpu_end_ns")
-    w_start, w_end = start.cast(pl.Int64).fill_null(0).to_numpy(), end.cast(pl.Int64).fill_null(0).to_numpy()
+    w_start, w_end = _int64(start), _int64(end)
     w_rank = windows.get_column("rank").cast(pl.Int64).to_numpy()
     keep = (start.is_not_null() & end.is_not_null()).to_numpy() & (w_end > w_start)
     w_order = np.lexsort((w_start, w_rank))
@@ -164,7 +188,7 @@ def window_of(rank: pl.Series, t: pl.Series, windows: pl.DataFrame) -> pl.Series
         w_it = windows.get_column("iteration").cast(pl.Int64).to_numpy()[w_order]
         p_rank = rank.cast(pl.Int64).fill_null(-1).to_numpy()
         p_null = t.is_null().to_numpy()
-        p_t = t.cast(pl.Int64).fill_null(0).to_numpy()
+        p_t = _int64(t)
         order = np.argsort(p_rank, kind="stable")
         sorted_rank = p_rank[order]
         bounds = np.flatnonzero(np.r_[True, w_rank[1:] != w_rank[:-1], True])
@@ -179,6 +203,12 @@ def window_of(rank: pl.Series, t: pl.Series, windows: pl.DataFrame) -> pl.Series
             found[idx[ok]] = True
     iteration = pl.Series("iteration", out, dtype=pl.Int32)
     return iteration if found.all() else iteration.set(pl.Series(~found), None)
+
+
+def _int64(values: pl.Series) -> np.ndarray:
+    """An integer series as int64 numpy, NULL as 0 (``fill_null`` is a frame operation: only when needed)."""
+    values = values.cast(pl.Int64)
+    return (values.fill_null(0) if values.null_count() else values).to_numpy()
 
 
 def iteration_spans(windows: pl.DataFrame, operators: pl.DataFrame, *, gpu_ranks: Collection[int]) -> pl.DataFrame:

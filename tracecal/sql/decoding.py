@@ -92,13 +92,16 @@ def _batches(sizes: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]
     return out
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame, run_id: str) -> None:
-    """Insert ``frame``'s rows of ``table`` for ``run_id`` (filled in Arrow: no frame operation)."""
+def _insert(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame, run_id: str | None = None) -> None:
+    """Insert ``frame``'s rows of ``table``; ``run_id`` given: for that run, filled in Arrow (no frame
+    operation), else the frame's own ``run_id`` column."""
     if frame.height == 0:
         return
-    columns = [c for c in table.column_names if c != "run_id"]
-    arrow = frame.select(columns).to_arrow()
-    arrow = arrow.add_column(table.column_names.index("run_id"), "run_id", pa.repeat(run_id, frame.height))
+    if run_id is None:
+        arrow = frame.select(table.column_names).to_arrow()
+    else:
+        arrow = frame.select([c for c in table.column_names if c != "run_id"]).to_arrow()
+        arrow = arrow.add_column(table.column_names.index("run_id"), "run_id", pa.repeat(run_id, frame.height))
     con.from_arrow(arrow.cast(arrow_schema(table))).insert_into(table.name)  # no register/unregister round trips
 
 
