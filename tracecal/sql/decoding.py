@@ -161,8 +161,15 @@ class DecodeHandoff:
         if self._tables is None:
             return None
         schema = arrow_schema(EVENTS)
-        tables = []
+        runs: list[list[pa.Table]] = []  # consecutive tables of one schema: concatenated, then cast once
         for table in self._tables:
+            if runs and runs[-1][0].schema == table.schema:
+                runs[-1].append(table)
+            else:
+                runs.append([table])
+        tables = []
+        for run in runs:
+            table = pa.concat_tables(run) if len(run) > 1 else run[0]
             columns = [
                 table.column(c).cast(schema.field(c).type)
                 if c in table.schema.names
