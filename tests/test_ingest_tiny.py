@@ -285,6 +285,23 @@ def test_integers_out_of_range_or_malformed_become_null(tmp_path: Path) -> None:
     assert (second["correlation"], second["stream"], second["bytes"], second["tid"]) == (5, 7, 4096, None)
 
 
+@pytest.mark.parametrize(
+    ("pids", "expected"),
+    [
+        ([3, 4], [3, 4]),  # all ints: one typed conversion
+        ([3, "Spans"], [3, None]),  # a name among ints (2024 traces)
+        (["12", "stream 7"], [12, None]),  # digits as text (2021 traces)
+        ([2**63, 5], [None, 5]),  # beyond int64: NULL, never wrapped
+    ],
+)
+def test_process_ids_as_ints_text_or_out_of_range(tmp_path: Path, pids: list[object], expected: list[object]) -> None:
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": "op", "pid": p, "tid": p, "ts": i, "dur": 1} for i, p in enumerate(pids)
+    ]
+    rows = _rows(_write(tmp_path / "t.json", events))
+    assert [r["pid"] for r in rows] == expected and [r["tid"] for r in rows] == expected
+
+
 def test_strict_decoding_keeps_the_lenient_rules(tmp_path: Path) -> None:
     """Integer args written as JSON integers take the strict decoder (one conversion per column):
     out-of-range values still become NULL, ``"args": null`` is no args, and python_function events
