@@ -44,7 +44,12 @@ def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
             "json_extract(params_json, '$.passes')::INT, repeats FROM samples"
         ).fetchall()
         ops = {r[0] for r in con.execute("SELECT DISTINCT op FROM samples").fetchall()}
+        # the workload's traces drop scalar lists but keep the scalars decode needs: every attention
+        # call knows it is causal, so the sampler times it rather than leaving it unmapped
+        causal = con.execute("SELECT DISTINCT causal FROM operators WHERE family = 'attention'").fetchall()
+        sdpa = {r[0] for r in con.execute("SELECT op FROM samples WHERE family = 'attention'").fetchall()}
     assert how == [(2, 3, 6)]
+    assert causal == [(True,)] and sdpa
     assert {"aten::sqrt", "aten::lerp_", "aten::addcdiv_", "aten::addcmul_"} <= ops
     assert (tmp_path / "figures" / "component_proportions.png").exists()
     assert list((tmp_path / "figures").glob("timeline_rank*.png"))

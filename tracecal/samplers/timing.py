@@ -6,7 +6,7 @@ Contract: ``time_call(fn, device, warmup, repeats)`` runs ``fn`` ``warmup`` time
 - CPU, ``method="perf_counter"`` (the default): ``time.perf_counter_ns`` around each call (the call
   is synchronous).
 - CPU, ``method="profiler"``: warm-up and repeats run under ``torch.profiler`` (CPU activity,
-  ``record_shapes=True``, as the reference workload traces), each repeat inside a
+  ``record_shapes=True`` without scalar-list arguments, as the reference workload traces), each repeat inside a
   ``REPEAT_MARK`` range; a repeat's duration is the sum of the profiler's own events for the call:
   the marker's direct children for a forward call (``aten::linear``, ``Optimizer.step#Adam.step``),
   the autograd node events (``MmBackward0``, not the engine's ``AccumulateGrad``) for a backward.
@@ -149,6 +149,9 @@ def _time_cuda(fn: Callable[[], Any], repeats: int, flush_bytes: int) -> list[fl
 def _time_profiler(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    from tracecal.samplers.workload.train import RECORD_SCALAR_LISTS, record_scalar_lists
+
+    record_scalar_lists(RECORD_SCALAR_LISTS)  # the workload's profiler settings (process-wide switch)
     # Warm-up runs under the profiler too: its first recorded calls pay one-off set-up.
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(warmup):
