@@ -1,6 +1,6 @@
 """How much decoding adds to ingest: ingest-only vs ingest+decode on the shared traces, side by side.
 
-Usage: python benchmarks/decode_overhead.py [--repeats 3] [--workers 1] [--cold] [EXTRA_RUN_DIR ...]
+Usage: python benchmarks/decode_overhead.py [--repeats 3] [--workers 1] [--cold] [--baseline SRC] [EXTRA_RUN_DIR ...]
 
 "ingest-only" runs the real loader with its decode step replaced by a no-op; "ingest+decode" runs it
 unchanged (so decode's figure includes storing and committing its rows). The two alternate; each is
@@ -12,6 +12,11 @@ By default every ingest runs in this process after a warm-up ingest of the same 
 process ingesting many runs sees: regexes compiled, caches filled). ``--cold`` runs each ingest in
 a fresh Python process instead, imports excluded from the timing, as ``trace-ingest`` and
 ``benchmarks/ingest_vs_hta.py`` do: first-use costs (polars compiling regexes, code paged in) count.
+
+``--baseline SRC`` also measures another tracecal source tree (a directory holding a ``tracecal``
+package, e.g. ``git worktree add /tmp/base <commit>``), interleaved with this one repeat by repeat so
+both see the same load: every ingest then runs in a child process (after a warm-up ingest in that
+child unless ``--cold``), and the decode's added CPU seconds of both are printed side by side.
 """
 
 from __future__ import annotations
@@ -47,11 +52,7 @@ RUNS = [
 def _ingest(run: Path, workers: int, decode: bool, cold: bool = False) -> tuple[float, float]:
     """(wall seconds, CPU seconds) of one ingest into a fresh database (``cold``: in a new process)."""
     if cold:
-        flag = ["--decode"] if decode else []
-        argv = [sys.executable, __file__, "--child", str(run), "--workers", str(workers), *flag]
-        out = subprocess.run(argv, check=True, capture_output=True, text=True).stdout
-        wall, cpu = (float(x) for x in out.split())
-        return wall, cpu
+        return _in_child(run, workers, decode, warm_up=False, src=None)
     with tempfile.TemporaryDirectory() as tmp, open_database(Path(tmp) / "b.duckdb") as con:
         wall, cpu = time.perf_counter(), time.process_time()
         if decode:
@@ -62,6 +63,42 @@ def _ingest(run: Path, workers: int, decode: bool, cold: bool = False) -> tuple[
         return time.perf_counter() - wall, time.process_time() - cpu
 
 
+def _in_child(run: Path, workers: int, decode: bool, warm_up: bool, src: Path | None) -> tuple[float, float]:
+    """(wall, CPU) seconds of one ingest in a new process; ``src``: import tracecal from there."""
+    flags = (["--decode"] if decode else []) + (["--warm-up"] if warm_up else [])
+    argv = [sys.executable, __file__, "--child", str(run), "--workers", str(workers), *flags]
+    env = {**os.environ, "PYTHONPATH": str(src)} if src is not None else None
+    out = subprocess.run(argv, check=True, capture_output=True, text=True, env=env).stdout
+    wall, cpu = (float(x) for x in out.split())
+    return wall, cpu
+
+
+def _versus(runs: list[Path], args: argparse.Namespace) -> None:
+    """This tree and ``args.baseline`` side by side, interleaved, every ingest in a child process."""
+    import tracecal
+
+    sources = {"baseline": args.baseline, "this": Path(tracecal.__file__).resolve().parents[1]}
+    print(f"baseline: {args.baseline}; this: {sources['this']}")
+    head = f"{'run':32} {'tree':8} {'CPU: ingest':>11} {'+ decode':>9} {'decode':>7} {'adds':>6}   {'wall: adds':>10}"
+    print(head)
+    print("-" * len(head))
+    added = {name: 0.0 for name in sources}
+    for run in runs:
+        best: dict[tuple[str, bool], list[tuple[float, float]]] = {}
+        for _ in range(args.repeats):
+            for name, src in sources.items():
+                for decode in (False, True):
+                    result = _in_child(run, args.workers, decode, warm_up=not args.cold, src=src)
+                    best.setdefault((name, decode), []).append(result)
+        for name in sources:
+            w0, w1 = (min(r[0] for r in best[(name, d)]) for d in (False, True))
+            c0, c1 = (min(r[1] for r in best[(name, d)]) for d in (False, True))
+            added[name] += c1 - c0
+            cpu = f"{c0:11.3f} {c1:9.3f} {c1 - c0:7.3f} {_pct(c0, c1):>6}"
+            print(f"{run.name[:32]:32} {name:8} {cpu}   {_pct(w0, w1):>10}")
+    print("decode CPU seconds added, all traces: " + ", ".join(f"{n} {s:.3f}" for n, s in added.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
@@ -69,12 +106,19 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true", help="each ingest in a fresh process (imports not timed)")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--decode", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--warm-up", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", type=Path, help="another tracecal source tree to compare with, interleaved")
     parser.add_argument("extra", nargs="*", type=Path, help="more run directories (e.g. a tracecal workload run)")
     args = parser.parse_args()
     if args.child is not None:  # one timed ingest for --cold, imported first as ingest_vs_hta.py does
         for module in ("tracecal.ingest.kineto", "pyarrow.compute", "pandas", "pyarrow.pandas_compat"):
             importlib.import_module(module)
+        if args.warm_up:
+            _ingest(args.child, args.workers, True)
         print(*_ingest(args.child, args.workers, args.decode))
+        return
+    if args.baseline is not None:
+        _versus([*RUNS, *args.extra], args)
         return
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}; workers={args.workers}")
     print(f"{'cold: each ingest in a new process' if args.cold else 'warm: after a warm-up ingest'}; ", end="")

@@ -6,6 +6,7 @@ import orjson
 import polars as pl
 import pytest
 
+from tracecal.decode import shapes
 from tracecal.decode.shapes import FAMILIES, family_expr, family_of, shape_features, shape_row
 from tracecal.schema import SHAPE_COLUMNS
 
@@ -180,3 +181,33 @@ def test_optimizer_counts_tensors_and_width_from_the_tensor_list() -> None:
     # 1-D buffers only (how the sampler times a flat parameter list): no weight matrix, no width
     buffers = shape_row("aten::_fused_adam_", [[[5], [5], [3]]], ["TensorList"])
     assert (buffers["params"], buffers["batch"], buffers["hidden"]) == (13, 3, None)
+
+
+FAMILY_TRIPLES = [
+    ("aten::mm", "volta_sgemm_128x32_nt", "kernel"),
+    (None, "volta_sgemm_128x32_nt", "kernel"),
+    ("aten::mm", "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "kernel"),
+    ("record_param_comms", "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "kernel"),
+    ("aten::copy_", "Memcpy HtoD (Pageable -> Device)", "memcpy"),
+    ("aten::_softmax", "softmax_warp_forward", "kernel"),
+    ("aten::_scaled_dot_product_flash_attention", "flash_fwd_kernel", "kernel"),
+    ("my::op", "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "kernel"),
+    ("my::op", "Cijk_Ailk_Bljk_SB_MT64x64x16", "kernel"),
+    (None, "my_custom_kernel", "kernel"),
+    ("", "", "kernel"),
+    ("aten::add_", None, "cpu_op"),
+    (None, None, None),
+]
+
+
+@pytest.mark.parametrize("polars_from", [0, 10**6])
+def test_with_family_matches_family_of_on_both_kernel_paths(polars_from: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kernel names are matched in polars from POLARS_KERNEL_NAMES new names on, else by Python's
+    regexes: both give ``family_of``'s answer."""
+    monkeypatch.setattr(shapes, "POLARS_KERNEL_NAMES", polars_from)
+    monkeypatch.setattr(shapes, "_KERNEL_FAMILIES", {})
+    schema = {"cpu_op_name": pl.Utf8, "name": pl.Utf8, "kind": pl.Utf8}
+    frame = pl.DataFrame(FAMILY_TRIPLES, schema=schema, orient="row")
+    got = shapes.with_family(frame)["family"].to_list()
+    assert got == [family_of(*t) for t in FAMILY_TRIPLES]
+    assert got[2] == "comm" and got[7] == "elementwise" and got[8] == "gemm" and got[9] == "other"

@@ -172,7 +172,7 @@ def with_family(
     """
     keys = [cpu_op_name, kernel_name, kind]
     table = frame.select(keys).unique()
-    families = [_family_cached(c, k, t) for c, k, t in table.iter_rows()]
+    families = _families(list(table.iter_rows()))
     table = table.with_columns(pl.Series("family", families, dtype=pl.Utf8))
     return frame.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
 
@@ -180,6 +180,55 @@ def with_family(
 @lru_cache(maxsize=65536)
 def _family_cached(cpu_op_name: str | None, kernel_name: str | None, kind: str | None) -> str:
     return family_of(cpu_op_name, kernel_name, kind)
+
+
+@lru_cache(maxsize=65536)
+def _cpu_family(cpu_op_name: str) -> str | None:
+    """The first family whose CPU-op pattern matches (``family_of``'s CPU step), else None."""
+    return next((fam for fam, cpu, _ in _COMPILED if cpu.search(cpu_op_name)), None)
+
+
+_KERNEL_FAMILIES: dict[str, tuple[bool, str | None]] = {}
+"""Kernel name -> (an NCCL/RCCL kernel, first family whose kernel pattern matches): ``family_of``'s
+kernel steps, kept for the process (kernel names repeat across traces of a workload)."""
+POLARS_KERNEL_NAMES = 32
+"""From this many new kernel names on, their patterns run in polars: Python's regex engine takes
+0.1-0.2 ms per pattern set on a kilobyte kernel name, polars' compiles the 11 patterns once (~5 ms)."""
+
+
+def _kernel_families(kernel_names: Sequence[str]) -> None:
+    """Fill ``_KERNEL_FAMILIES`` for the names not in it yet."""
+    new = [k for k in dict.fromkeys(kernel_names) if k not in _KERNEL_FAMILIES]
+    if len(new) >= POLARS_KERNEL_NAMES:
+        rules = [("comm", _RULES[0][2]), *[(fam, ker) for fam, _, ker in _RULES]]
+        hits = pl.DataFrame({"k": new}).select(
+            pl.col("k").str.contains(ker).alias(str(i)) for i, (_, ker) in enumerate(rules)
+        )
+        columns = [hits.get_column(str(i)).to_list() for i in range(len(rules))]
+        for row, name in enumerate(new):
+            first = next((rules[i][0] for i in range(1, len(rules)) if columns[i][row]), None)
+            _KERNEL_FAMILIES[name] = (bool(columns[0][row]), first)
+    else:
+        for name in new:
+            first = next((fam for fam, _, ker in _COMPILED if ker.search(name)), None)
+            _KERNEL_FAMILIES[name] = (bool(_COMPILED[0][2].search(name)), first)
+
+
+def _families(triples: list[tuple[str | None, str | None, str | None]]) -> list[str]:
+    """``family_of`` of each (cpu_op_name, kernel_name, kind): CPU names by Python's regexes (short,
+    cached), kernel names by ``_kernel_families``; the same rule order as ``family_of``."""
+    _kernel_families([k for _, k, _ in triples if k])
+    out = []
+    for cpu, kernel, kind in triples:
+        if kind in ("memcpy", "memset"):
+            out.append(kind)
+            continue
+        comm, kernel_family = _KERNEL_FAMILIES[kernel] if kernel else (False, None)
+        if comm:
+            out.append("comm")
+            continue
+        out.append((_cpu_family(cpu) if cpu else None) or kernel_family or "other")
+    return out
 
 
 # --- shapes ----------------------------------------------------------------------------------------
@@ -496,11 +545,9 @@ def family_shape_table(
     both answers from one pass over the distinct keys instead of two distinct/join rounds."""
     keys = [name, kernel_name, kind, input_dims, input_types, concrete_inputs]
     distinct = frame.select(keys).unique()
-    families: list[str] = []
-    rows: list[tuple[Any, ...]] = []
-    for op, kernel, knd, dims, types, concrete in distinct.iter_rows():
-        families.append(_family_cached(op, kernel, knd))
-        rows.append(_shape_row_cached(op or "", dims, types, concrete))
+    keyed = list(distinct.iter_rows())
+    families = _families([(op, kernel, knd) for op, kernel, knd, _, _, _ in keyed])
+    rows = [_shape_row_cached(op or "", dims, types, concrete) for op, _, _, dims, types, concrete in keyed]
     feats = pl.DataFrame(rows, schema=_SHAPE_SCHEMA, orient="row") if rows else pl.DataFrame(schema=_SHAPE_SCHEMA)
     family = pl.DataFrame({"family": families}, schema={"family": pl.Utf8})
     return pl.concat([distinct, family, feats], how="horizontal")
