@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 from pathlib import Path
 
@@ -9,8 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import KINETO
 from tracecal.errors import TraceFormatError
 from tracecal.ingest import kineto
+from tracecal.ingest.files import read_trace_bytes
 from tracecal.ingest.kineto import parse_kineto_file
 
 
@@ -336,3 +339,9 @@ def test_integer_lists_are_made_compact_like_a_json_round_trip(value: object, sp
 
     raw = json.dumps(value, separators=("," + space, ":")).encode()
     assert _canonical_json(raw) == msgspec.json.encode(msgspec.json.decode(raw)).decode()
+
+
+def test_inflated_traces_are_the_bytes_gzip_gives() -> None:
+    """``read_trace_bytes`` inflates with ISA-L when it is installed: the same bytes as the standard library."""
+    for path in [*sorted((KINETO / "single").glob("*.gz")), next((KINETO / "dlrm_8rank").glob("*.gz"))]:
+        assert read_trace_bytes(path) == gzip.decompress(path.read_bytes()), path
