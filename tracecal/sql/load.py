@@ -224,9 +224,7 @@ def _ingest_run(
         )
 
         # Step 4: decode (operators, collectives, iterations) inside the run's transaction.
-        decoded = decode_stored_run(
-            con, run_id, iteration_marker=options.iteration_marker, handoff=stored.handoff
-        )
+        decoded = decode_stored_run(con, run_id, iteration_marker=options.iteration_marker, handoff=stored.handoff)
 
         seconds = time.perf_counter() - started
         con.execute("UPDATE runs SET ingest_seconds = ? WHERE run_id = ?", [seconds, run_id])
