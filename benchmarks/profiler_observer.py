@@ -10,7 +10,7 @@ times in one run, so a change of machine load hits both alike. Usage::
     python benchmarks/profiler_observer.py [--rounds 2] [--steps 6] [--variants lists,no-lists]
 
 Variants: ``lists`` (torch's default: scalar lists recorded in Concrete Inputs), ``no-lists`` (what
-the workload does, ``train.RECORD_SCALAR_LISTS``), ``no-shapes`` (``record_shapes=False``, for
+the workload does on CPU, ``train.records_scalar_lists``), ``no-shapes`` (``record_shapes=False``, for
 reference: decode needs shapes). ``GLIBC_TUNABLES`` is passed to the children as set.
 """
 

@@ -260,6 +260,24 @@ def test_profiler_timing_reads_the_calls_own_event_not_the_wall_time_around_it()
         assert work <= event < work + 0.5e6  # the 2 ms event (plus bookkeeping), not the 5 ms call
 
 
+def test_profiler_timing_leaves_list_recording_as_torch_has_it(tmp_path: Path) -> None:
+    """Profiler timing records as the CPU workload does (no list arguments), but the switch is
+    process-wide: afterwards a profile of the same process records TensorList shapes again."""
+    import torch
+
+    from tracecal.samplers import timing
+    from tracecal.samplers.workload.train import records_scalar_lists
+
+    assert records_scalar_lists("cpu") is False and records_scalar_lists("cuda") is True
+    parts = [torch.ones(3), torch.ones(4)]
+    timing.time_call(lambda: torch.cat(parts), "cpu", warmup=0, repeats=1, method="profiler")
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        torch.cat(parts)
+    prof.export_chrome_trace(str(tmp_path / "cat.json"))
+    cat = [e for e in json.loads((tmp_path / "cat.json").read_text())["traceEvents"] if e.get("name") == "aten::cat"]
+    assert cat[0]["args"]["Input Dims"][0] == [[3], [4]]
+
+
 def test_profiler_timing_of_a_backward_is_its_autograd_node_without_accumulate_grad() -> None:
     from tracecal.samplers import timing
 

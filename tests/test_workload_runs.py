@@ -163,7 +163,7 @@ def test_pipeline_sends_and_receives_one_activation_and_one_gradient_per_micro_b
 
 
 def test_traces_keep_scalar_arguments_but_not_scalar_lists(runs: dict[str, Path]) -> None:
-    # list arguments cost the traced ops fresh pages (train.RECORD_SCALAR_LISTS); the scalars decode
+    # on CPU list arguments cost the traced ops fresh pages (train.records_scalar_lists); the scalars decode
     # reads stay: SDPA's is_causal, softmax's dim
     meta = json.loads((runs["pp2"] / "run.json").read_text())
     assert meta["profile"]["record_scalar_lists"] is False

@@ -147,11 +147,20 @@ def _time_cuda(fn: Callable[[], Any], repeats: int, flush_bytes: int) -> list[fl
 
 
 def _time_profiler(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
+    from tracecal.samplers.workload.train import record_scalar_lists, records_scalar_lists
+
+    # the reference workload's profiler settings on CPU; the switch is process-wide, so torch's
+    # default (on) is restored after timing
+    record_scalar_lists(records_scalar_lists("cpu"))
+    try:
+        return _profiled_repeats(fn, warmup, repeats)
+    finally:
+        record_scalar_lists(True)
+
+
+def _profiled_repeats(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from tracecal.samplers.workload.train import RECORD_SCALAR_LISTS, record_scalar_lists
-
-    record_scalar_lists(RECORD_SCALAR_LISTS)  # the workload's profiler settings (process-wide switch)
     # Warm-up runs under the profiler too: its first recorded calls pay one-off set-up.
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(warmup):

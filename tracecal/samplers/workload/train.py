@@ -36,23 +36,29 @@ FAULT_ENV = "TRACECAL_WORKLOAD_FAIL_RANK"
 """Fault injection for the launcher's tests: the rank named here raises after joining the job."""
 
 
-RECORD_SCALAR_LISTS = False
-"""Whether the traced ops' list arguments (``reshape``'s sizes, ``sum``'s dims, ...) go to Concrete Inputs.
+def records_scalar_lists(device_type: str) -> bool:
+    """Whether the workload's profiler records list arguments in Concrete Inputs on this device type:
+    on CUDA yes (torch's default), on CPU no.
 
-They do not: torch.profiler keeps each one as a small heap object until the trace is written, and
-those objects land in the holes that freed activations leave in glibc's heap, so the next activation
-no longer fits there and takes freshly mapped pages. Measured on one pp=1 rank of this workload
-(2-core VM, torch 2.13 CPU): with lists a recorded step took ~33 000 minor page faults, kept
-127–140 MB more RSS and ran ``aten::gelu`` in 1.13 ms, ``aten::gelu_backward`` in 1.32 ms (median
-traced call); without them 5 000–8 000 faults, 6–32 MB, 0.32–0.44 ms and 0.49–0.67 ms, against
-2 000–8 000 faults for an unprofiled step — so the trace shows what the training does unprofiled.
-Scalar arguments (``is_causal``, softmax ``dim``, a send's peer: all that decode reads) are kept:
-the switch only stops torch from recording scalar *lists*; shapes, dtypes, scopes and correlation
-are unaffected."""
+    On CPU the lists cost the traced ops fresh pages: torch.profiler keeps each list argument
+    (``reshape``'s sizes, ``sum``'s dims, ...) as a small heap object until the trace is written, and
+    those objects land in the holes that freed activations leave in glibc's heap, so the next
+    activation no longer fits there and takes freshly mapped pages. Measured on one pp=1 rank of this
+    workload (2-core VM, torch 2.13 CPU; ``benchmarks/profiler_observer.py``): with lists a recorded
+    step took ~33 000 minor page faults, kept 127–140 MB more RSS and ran ``aten::gelu`` in
+    0.97–1.13 ms, ``aten::gelu_backward`` in 1.11–1.32 ms (median traced call); without them 5 000–8 500
+    faults, 6–33 MB, 0.32–0.44 ms and 0.49–0.67 ms, against 1 000–9 600 faults for an unprofiled step.
+    Scalars (``is_causal``, softmax ``dim``, a send's peer: what decode reads) are kept. What is lost
+    with the switch off: Input Dims of TensorList arguments (``aten::cat``, ``c10d::allreduce_`` — whose
+    size decode takes from the collective's own record —, foreach/fused optimizer kernels). The CPU
+    AdamW is a per-parameter loop of single-tensor ops; on CUDA, AdamW runs foreach/fused kernels over
+    TensorLists and activations live in the caching allocator (no fresh pages), so lists stay on."""
+    return device_type != "cpu"
 
 
 def record_scalar_lists(enabled: bool) -> None:
-    """Switch torch.profiler's recording of scalar-list arguments (process-wide; see RECORD_SCALAR_LISTS)."""
+    """Switch torch.profiler's recording of list arguments in Concrete Inputs (process-wide, torch's
+    default is on; see ``records_scalar_lists``)."""
     torch._C._profiler._set_record_concrete_inputs_enabled_val(enabled)
 
 
@@ -160,7 +166,7 @@ def _train(cfg: WorkloadConfig, state: ParallelState, out_dir: Path, threads: in
         os.replace(partial, final)
 
     activities = [torch.profiler.ProfilerActivity.CPU]
-    record_scalar_lists(RECORD_SCALAR_LISTS)
+    record_scalar_lists(records_scalar_lists(device.type))
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     # A collective on the world group before any point-to-point transfer: NCCL requires the first
@@ -277,7 +283,7 @@ def _run_json(
             "active": cfg.profile_active,
             "profiled_steps": cfg.profiled_steps,
             "record_shapes": True,
-            "record_scalar_lists": RECORD_SCALAR_LISTS,
+            "record_scalar_lists": records_scalar_lists(device.type),
         },
         "losses": losses,
         "train_seconds": round(max(r["train_seconds"] for r in ranks), 4),
