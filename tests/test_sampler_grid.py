@@ -278,6 +278,18 @@ def test_profiler_timing_leaves_list_recording_as_torch_has_it(tmp_path: Path) -
     assert cat[0]["args"]["Input Dims"][0] == [[3], [4]]
 
 
+def test_a_torch_without_the_list_switch_keeps_recording_lists_and_says_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch is private torch API; where it is missing the workload must not claim lists are off."""
+    import torch
+
+    from tracecal.samplers.workload.train import record_scalar_lists
+
+    assert record_scalar_lists(False) is False
+    assert record_scalar_lists(True) is True
+    monkeypatch.delattr(torch._C._profiler, "_set_record_concrete_inputs_enabled_val")
+    assert record_scalar_lists(False) is True
+
+
 def test_profiler_timing_of_a_backward_is_its_autograd_node_without_accumulate_grad() -> None:
     from tracecal.samplers import timing
 

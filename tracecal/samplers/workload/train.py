@@ -56,10 +56,17 @@ def records_scalar_lists(device_type: str) -> bool:
     return device_type != "cpu"
 
 
-def record_scalar_lists(enabled: bool) -> None:
+def record_scalar_lists(enabled: bool) -> bool:
     """Switch torch.profiler's recording of list arguments in Concrete Inputs (process-wide, torch's
-    default is on; see ``records_scalar_lists``)."""
-    torch._C._profiler._set_record_concrete_inputs_enabled_val(enabled)
+    default is on; see ``records_scalar_lists``) and return whether lists are recorded now.
+
+    A torch without the switch (it is private API, absent from older releases) keeps its default:
+    the return value then says lists are recorded, so run.json does not claim otherwise."""
+    setter = getattr(torch._C._profiler, "_set_record_concrete_inputs_enabled_val", None)
+    if setter is None:
+        return True
+    setter(enabled)
+    return enabled
 
 
 def trace_name(rank: int) -> str:
@@ -166,7 +173,7 @@ def _train(cfg: WorkloadConfig, state: ParallelState, out_dir: Path, threads: in
         os.replace(partial, final)
 
     activities = [torch.profiler.ProfilerActivity.CPU]
-    record_scalar_lists(records_scalar_lists(device.type))
+    scalar_lists_recorded = record_scalar_lists(records_scalar_lists(device.type))
     if device.type == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     # A collective on the world group before any point-to-point transfer: NCCL requires the first
@@ -213,7 +220,7 @@ def _train(cfg: WorkloadConfig, state: ParallelState, out_dir: Path, threads: in
         return None
     with contextlib.suppress(OSError):  # other files in it are not ours to delete
         tmp_dir.rmdir()
-    run = _run_json(cfg, state, threads, loss_sum.cpu().tolist(), facts.cpu().tolist())
+    run = _run_json(cfg, state, threads, loss_sum.cpu().tolist(), facts.cpu().tolist(), scalar_lists_recorded)
     tmp = out_dir / ".run.json.tmp"
     tmp.write_text(json.dumps(run, indent=2) + "\n")
     os.replace(tmp, out_dir / "run.json")
@@ -221,7 +228,12 @@ def _train(cfg: WorkloadConfig, state: ParallelState, out_dir: Path, threads: in
 
 
 def _run_json(
-    cfg: WorkloadConfig, state: ParallelState, threads: int, losses: list[float], facts: list[list[float]]
+    cfg: WorkloadConfig,
+    state: ParallelState,
+    threads: int,
+    losses: list[float],
+    facts: list[list[float]],
+    scalar_lists: bool,
 ) -> dict[str, Any]:
     device = state.device
     nodes = max(1, cfg.world_size // state.local_world_size)
@@ -283,7 +295,7 @@ def _run_json(
             "active": cfg.profile_active,
             "profiled_steps": cfg.profiled_steps,
             "record_shapes": True,
-            "record_scalar_lists": records_scalar_lists(device.type),
+            "record_scalar_lists": scalar_lists,
         },
         "losses": losses,
         "train_seconds": round(max(r["train_seconds"] for r in ranks), 4),
