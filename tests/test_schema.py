@@ -9,6 +9,7 @@ import pytest
 
 from tracecal.errors import SchemaError
 from tracecal.schema import TABLES, TABLES_DIR, arrow_schema, ddl
+from tracecal.sql import connection
 from tracecal.sql.connection import open_database
 
 
@@ -48,8 +49,9 @@ def test_arrow_schema_round_trips_through_duckdb(db_path: Path) -> None:
 
 
 def test_read_only_sessions_see_current_views_over_stale_stored_ones(db_path: Path) -> None:
-    with open_database(db_path) as con:
+    with open_database(db_path) as con:  # as an older tracecal leaves it: its own views and fingerprint
         con.execute("CREATE OR REPLACE VIEW best_iteration AS SELECT 'stale' AS written_by_an_old_version")
+        con.execute("UPDATE tracecal_meta SET value = 'an older tracecal' WHERE key = 'schema_fingerprint'")
     with open_database(db_path, read_only=True) as con:
         columns = [d[0] for d in con.execute("SELECT * FROM best_iteration").description]
     assert "written_by_an_old_version" not in columns
@@ -65,3 +67,47 @@ def test_a_database_with_other_columns_is_refused_with_advice(db_path: Path, cha
         con.execute(change)
     with pytest.raises(SchemaError, match=r"table models .* new database"), open_database(db_path):
         pass
+
+
+def _count_view_passes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    passes: list[bool] = []
+    create = connection.create_views
+    monkeypatch.setattr(
+        connection,
+        "create_views",
+        lambda con, *, temporary=False: (passes.append(temporary), create(con, temporary=temporary))[1],
+    )
+    return passes
+
+
+def test_a_current_database_is_opened_without_remaking_its_schema(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with open_database(db_path) as con:
+        stored = con.execute("SELECT value FROM tracecal_meta WHERE key = 'schema_fingerprint'").fetchall()
+    assert stored == [(connection.schema_fingerprint(),)]
+    passes = _count_view_passes(monkeypatch)
+    with open_database(db_path) as con:
+        assert con.execute("SELECT count(*) FROM best_iteration").fetchone() == (0,)
+    with open_database(db_path, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM comm_summary").fetchone() == (0,)
+    assert passes == []
+
+
+def test_a_missing_view_or_another_fingerprint_remakes_the_schema(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with open_database(db_path) as con:
+        con.execute("DROP VIEW comm_summary")
+    passes = _count_view_passes(monkeypatch)
+    with open_database(db_path, read_only=True) as con:  # read-only: this version's views, as TEMP views
+        assert con.execute("SELECT count(*) FROM comm_summary").fetchone() == (0,)
+    with open_database(db_path) as con:  # writable: the view is made again
+        con.execute("UPDATE tracecal_meta SET value = 'another tracecal' WHERE key = 'schema_fingerprint'")
+    with open_database(db_path) as con:
+        stored = con.execute("SELECT value FROM tracecal_meta WHERE key = 'schema_fingerprint'").fetchall()
+    assert passes == [True, False, False]
+    assert stored == [(connection.schema_fingerprint(),)]
+    with open_database(db_path, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM comm_summary").fetchone() == (0,)
+    assert len(passes) == 3

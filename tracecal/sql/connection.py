@@ -2,12 +2,20 @@
 
 Callers own the connection (``with open_database(path) as con: ...``); library functions take a
 connection and never open hidden global ones.
+
+Making the schema costs about 0.1 s of DDL and view definitions, more than a whole ingest of a small
+trace or a ``tracecal sql`` query. So ``tracecal_meta`` records a fingerprint of the DDL and view files
+that made the database (``schema_fingerprint``); a database opened by the tracecal that made it, with
+every table and view still present, is used as it is, and a read-only session on it needs no
+temporary views. Any other database (another version, a view or table missing) gets the full path.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +53,36 @@ def view_files() -> list[Path]:
     return sorted(VIEWS_DIR.glob("*.sql"))
 
 
+@cache
+def schema_fingerprint() -> str:
+    """sha256 of every table DDL and view definition this tracecal ships (and the meta table's own)."""
+    digest = hashlib.sha256(_META_DDL.encode())
+    for path in [*table_ddl_files(), *view_files()]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def schema_is_current(con: duckdb.DuckDBPyConnection) -> bool:
+    """The database was made by these DDL and view files (its stored fingerprint is this tracecal's),
+    every table still has its columns and every view is there: nothing to create or replace.
+    Asks the catalog only, so a failed lookup never aborts the caller's transaction."""
+    stored = _stored_columns(con)
+    if "tracecal_meta" not in stored:  # a new database (or not a tracecal one)
+        return False
+    # fetchall: DuckDB 2 keeps a result open until a fetch returns no more rows
+    rows = con.execute("SELECT value FROM tracecal_meta WHERE key = 'schema_fingerprint'").fetchall()
+    return (
+        rows == [(schema_fingerprint(),)]
+        and all(stored.get(table.name) == table.column_names for table in TABLES)
+        and all(path.stem in stored for path in view_files())  # a view's columns are listed too
+    )
+
+
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
-    """Create missing tables and (re)create all views; refuse a database of another schema version."""
+    """Create missing tables and (re)create all views, unless the schema is current
+    (``schema_is_current``); refuse a database of another schema version."""
+    if schema_is_current(con):
+        return
     con.execute(_META_DDL)
     row = con.execute("SELECT value FROM tracecal_meta WHERE key = 'schema_version'").fetchone()
     if row is None:
@@ -63,16 +99,26 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     for path in table_ddl_files():
         con.execute(path.read_text())
     create_views(con)
+    con.execute(
+        "INSERT OR REPLACE INTO tracecal_meta VALUES ('schema_fingerprint', ?)",
+        [schema_fingerprint()],
+    )
 
 
-def _check_columns(con: duckdb.DuckDBPyConnection) -> None:
-    """Refuse a database whose tables were created with other columns (an older development build)."""
+def _stored_columns(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
+    """Column names of every table and view of the database, in order."""
     stored: dict[str, list[str]] = {}
     for table_name, column_name in con.execute(
         "SELECT table_name, column_name FROM duckdb_columns() "
         "WHERE schema_name = 'main' AND database_name = current_database() ORDER BY table_name, column_index"
     ).fetchall():
         stored.setdefault(table_name, []).append(column_name)
+    return stored
+
+
+def _check_columns(con: duckdb.DuckDBPyConnection) -> None:
+    """Refuse a database whose tables were created with other columns (an older development build)."""
+    stored = _stored_columns(con)
     for table in TABLES:
         if table.name in stored and stored[table.name] != table.column_names:
             raise SchemaError(
@@ -143,7 +189,8 @@ def open_database(path: Path, *, read_only: bool = False) -> Iterator[duckdb.Duc
         raise SchemaError(f"cannot open database {path}: {str(exc).splitlines()[0]}") from exc
     try:
         if read_only:
-            create_views(con, temporary=True)
+            if not schema_is_current(con):  # written by another tracecal: this version's views
+                create_views(con, temporary=True)
         else:
             _ensure_schema_in_one_transaction(con)
         yield con
