@@ -7,7 +7,7 @@
 --   world_size   ranks in the job
 --   events       complete events stored over all ranks
 --   span_ms      capture span over all ranks (first event start to last event end), ms
---   ingested_at  when the run was ingested
+--   ingested_at  when the run was ingested (to the second)
 --   source_path  run directory at ingest time
 SELECT
     r.run_id,
@@ -19,7 +19,7 @@ SELECT
     (SELECT sum(k.events) FROM ranks k WHERE k.run_id = r.run_id) AS events,
     round((SELECT (max(e.ts_ns + coalesce(e.dur_ns, 0)) - min(e.ts_ns)) / 1e6
            FROM events e WHERE e.run_id = r.run_id), 3) AS span_ms,
-    r.ingested_at,
+    date_trunc('second', r.ingested_at) AS ingested_at,
     r.source_path
 FROM runs r
 ORDER BY r.run_id;
