@@ -206,14 +206,16 @@ _COLLECTIVE_ARGS = [
 ]
 """Event columns that describe a collective; an instance reads them from itself and from its context."""
 _ATTRS = ["name", *_COLLECTIVE_ARGS]
-NAME_PATTERNS = (
-    COMM_KERNEL,
-    CPU_WORK,
+INSTANCE_PATTERNS = (COMM_KERNEL, CPU_WORK)
+"""The name regexes that find instances (no name matches: the batch has no collective)."""
+CONTEXT_PATTERNS = (
     *(p for _, _, p in _CONTEXT),
     *(p for _, p in SCOPE_ROLES),
     *(p for _, p in _DIRECTIONS),
     *nccl_api.NAME_PATTERNS,
 )
+"""The name regexes of the instances' context: only asked for when the batch has instances."""
+NAME_PATTERNS = (*INSTANCE_PATTERNS, *CONTEXT_PATTERNS)
 """The name regexes this module (and ``nccl_api``) matches (``NameIndex`` matches them together)."""
 
 
@@ -449,15 +451,9 @@ _ROW_SCHEMA = {
 
 
 def _empty_collectives() -> pl.DataFrame:
-    return (
-        pl.DataFrame(schema=_ROW_SCHEMA)
-        .with_columns(
-            pl.lit(None, dtype=pl.Utf8).alias("group_key"),
-            pl.lit(None, dtype=pl.Int64).alias("end_ns"),
-            pl.lit(None, dtype=pl.Int64).alias("seq_in_group"),
-        )
-        .drop("_order")
-    )
+    """No collective rows (the columns ``rank_collectives`` returns), built without a query plan."""
+    schema = {c: t for c, t in _ROW_SCHEMA.items() if c != "_order"}
+    return pl.DataFrame(schema={**schema, "group_key": pl.Utf8, "end_ns": pl.Int64, "seq_in_group": pl.Int64})
 
 
 def rank_collectives(
@@ -482,6 +478,8 @@ def rank_collectives(
         ``schema.COLLECTIVES`` columns except match_id/aligned_ts_ns, plus ``group_key`` (how
         instances of one group are recognised on every rank), ``coll_seq`` and ``end_ns``.
     """
+    if names is not None and not (names.any_like(COMM_KERNEL) or names.any_like(CPU_WORK)):
+        return _empty_collectives()  # no name of the batch can be an instance: no plan to run
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
     inst = operators.filter(
         (on_gpu & (pl.col("kind") == "kernel") & names_like(operators, COMM_KERNEL, names))

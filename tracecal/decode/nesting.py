@@ -199,6 +199,14 @@ def enclosing(
             {"qid": [], "id": [], "depth": []},
             schema={"qid": pl.Int64, "id": intervals.schema.get("id", pl.Int64), "depth": pl.Int32},
         )
+    if intervals.height == 0:  # nothing encloses anything (no sweep, no query plan)
+        return pl.DataFrame(
+            [
+                points.get_column("qid"),
+                pl.Series("id", [None] * points.height, dtype=intervals.schema.get("id", pl.Int64)),
+                pl.Series("depth", np.zeros(points.height, dtype=np.int32), dtype=pl.Int32),
+            ]
+        )
     sw = _np_sweep(intervals, points, lane)
     if sw is not None:
         sel = np.flatnonzero(sw.order == _QUERY)
@@ -328,14 +336,16 @@ class NameIndex:
     times: matching the distinct names once and testing membership is much cheaper than running a
     regex, or even a hash, over every row for every pattern. ``patterns`` known up front are matched
     together in one frame operation on first use (each operation has a fixed cost that dominates on
-    small traces); others one at a time when first asked for.
+    small traces); ``later`` ones together when one of them is first asked for (patterns only some
+    batches need: a batch that never asks does not compile or run them); others one at a time.
     """
 
-    def __init__(self, frame: pl.DataFrame, patterns: Sequence[str] = ()) -> None:
+    def __init__(self, frame: pl.DataFrame, patterns: Sequence[str] = (), later: Sequence[str] = ()) -> None:
         self._names = frame.get_column("name").unique()
         self._matches: dict[str, pl.Series] = {}
         self._counts: dict[str, int] = {}
         self._pending = list(dict.fromkeys(patterns))
+        self._later = [p for p in dict.fromkeys(later) if p not in self._pending]
 
     def _match(self, patterns: list[str]) -> None:
         flags = self._names.to_frame("name").select(
@@ -357,8 +367,12 @@ class NameIndex:
         """``pl.col(column).str.contains(pattern)`` for a column whose values are names of this batch
         (``name``, or an operator's ``cpu_op_name``); NULL stays NULL."""
         if pattern not in self._matches:
-            self._match([pattern, *(p for p in self._pending if p != pattern and p not in self._matches)])
-            self._pending = []
+            if pattern in self._later:
+                self._match([pattern, *(p for p in self._later if p != pattern and p not in self._matches)])
+                self._later = []
+            else:
+                self._match([pattern, *(p for p in self._pending if p != pattern and p not in self._matches)])
+                self._pending = []
         return pl.col(column).is_in(self._matches[pattern])
 
 

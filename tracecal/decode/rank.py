@@ -82,7 +82,13 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
     all_ranks = rank.unique()
     gpu_ranks = frozenset(rank.filter(ev.get_column("kind").is_in(GPU_KINDS)).unique().to_list())
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
-    names = NameIndex(ev, [marker or DEFAULT_MARKER, *NAME_PATTERNS])  # each regex once per distinct name
+    # each regex once per distinct name; the collectives' context patterns only when the batch has
+    # instances, the metadata-op pattern only when it has CPU-only ranks (compiling and running a
+    # regex costs 0.1-0.4 ms, more in a fresh process)
+    first = [marker or DEFAULT_MARKER, *link.NAME_PATTERNS, *classify.NAME_PATTERNS, *collectives.INSTANCE_PATTERNS]
+    if len(gpu_ranks) == len(all_ranks):
+        first.remove(link.METADATA_OPS)
+    names = NameIndex(ev, first, later=collectives.CONTEXT_PATTERNS)
     windows = iteration_windows(ev, marker, names)
     parts = []
     mixed = 0 < len(gpu_ranks) < len(all_ranks)  # else no copy of the events by rank

@@ -132,6 +132,12 @@ def _layout(
     return Layout(world_size=world, pp=pp, tp=tp, dp=dp), nodes, gpn, derived
 
 
+def _as_type(column: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
+    """``column`` cast to ``target``; as it is when it has that type already (a no-op cast still
+    costs tens of microseconds, and the hand-off has 28 columns per table)."""
+    return column if column.type == target else column.cast(target)
+
+
 class DecodeHandoff:
     """The events the loader stores for a run, kept for its decode (only the ``DECODE_COLUMNS``).
 
@@ -171,7 +177,7 @@ class DecodeHandoff:
         for run in runs:
             table = pa.concat_tables(run) if len(run) > 1 else run[0]
             columns = [
-                table.column(c).cast(schema.field(c).type)
+                _as_type(table.column(c), schema.field(c).type)
                 if c in table.schema.names
                 else pa.nulls(table.num_rows, schema.field(c).type)
                 for c in DECODE_COLUMNS
