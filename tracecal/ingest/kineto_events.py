@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from itertools import repeat
 from operator import attrgetter, is_not, itemgetter, ne
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -242,9 +242,11 @@ def events_to_batch(path: Path, events: list[Any], offset: int, strict: bool = F
         stream = _narrow(pc.if_else(is_gpu, pc.coalesce(core.ints("stream"), tid), None), pa.int32())
     else:  # a CPU-only trace: device and stream are for GPU activities only
         device = stream = pa.nulls(n, pa.int32())
-    dims = core.raw("input_dims")
+    dims, input_types, concrete_inputs, grid, block = core.raw(
+        "input_dims", "input_types", "concrete_inputs", "grid", "block"
+    )
     if dims.null_count == n:  # 2021 traces say "Input dims"
-        dims = core.raw("input_dims_2021")
+        (dims,) = core.raw("input_dims_2021")
     columns: dict[str, pa.Array] = {
         "run_id": pa.nulls(n, pa.string()),
         "rank": pa.nulls(n, pa.int32()),
@@ -263,11 +265,11 @@ def events_to_batch(path: Path, events: list[Any], offset: int, strict: bool = F
         "sequence_number": core.ints("sequence_number"),
         "fwd_thread_id": core.ints("fwd_thread_id"),
         "input_dims": dims,
-        "input_types": core.raw("input_types"),
-        "concrete_inputs": core.raw("concrete_inputs"),
+        "input_types": input_types,
+        "concrete_inputs": concrete_inputs,
         "bytes": core.ints("bytes", lenient=True),
-        "grid": core.raw("grid"),
-        "block": core.raw("block"),
+        "grid": grid,
+        "block": block,
     }
     columns.update(_comm_columns(core))
     return pa.RecordBatch.from_arrays([columns[f.name] for f in _BATCH_SCHEMA], schema=_BATCH_SCHEMA)
@@ -283,6 +285,7 @@ def _comm_columns(core: _Rows) -> dict[str, pa.Array]:
     if not marked.any():
         return {name: pa.nulls(core.n, type_) for name, type_ in _COMM_TYPES.items()}
     comm = core.subset(marked)
+    pg_ranks, in_split_size, out_split_size = comm.raw("pg_ranks", "in_split_size", "out_split_size")
     return {
         "coll_name": comm.strings("coll_name"),
         "in_msg_nelems": comm.ints("in_msg_nelems"),
@@ -291,9 +294,9 @@ def _comm_columns(core: _Rows) -> dict[str, pa.Array]:
         "coll_dtype": comm.strings("dtype"),
         "pg_name": comm.strings("pg_name"),
         "pg_desc": comm.strings("pg_desc"),
-        "pg_ranks": comm.raw("pg_ranks"),
-        "in_split_size": comm.raw("in_split_size"),
-        "out_split_size": comm.raw("out_split_size"),
+        "pg_ranks": pg_ranks,
+        "in_split_size": in_split_size,
+        "out_split_size": out_split_size,
         "global_rank_start": comm.ints("global_rank_start", pa.int32()),
         "global_rank_stride": comm.ints("global_rank_stride", pa.int32()),
         "coll_seq": _coalesce(comm.ints("seq"), comm.ints("comms_id")),
@@ -344,8 +347,9 @@ class _Rows:
         values = [v if v is None or type(v) is str else str(v) for v in self.values(field)]
         return self._spread(_strings(values))
 
-    def raw(self, field: str) -> pa.Array:
-        return self._spread(_json_text(self.values(field)))
+    def raw(self, *fields: str) -> list[pa.Array]:
+        """JSON-valued columns, converted together (``_json_texts``)."""
+        return [self._spread(column) for column in _json_texts([self.values(field) for field in fields])]
 
 
 _NO_ARGS = {True: StrictArgs(), False: Args()}
@@ -415,9 +419,24 @@ def _ints(values: list[Any], type_: pa.DataType = _INT64) -> pa.Array:
 def _id_ints(values: list[Any]) -> pa.Array:
     """``_ints`` for pid/tid, decoded as int or str (never float, which a typed conversion would
     truncate): ints convert in one C call without ``_ints``' type-inference pass (a third of its
-    cost); a str or an int beyond int64 makes the conversion fail and takes ``_ints``' path."""
+    cost); a str or an int beyond int64 makes the conversion fail and takes ``_ints``' path.
+
+    Kineto ends its complete events with the profiler's own span (pid ``"Spans"``, tid ``"PyTorch
+    Profiler"``) after integer ids: trailing strings are split off first and converted as ``_ints``
+    converts a column of ints and strings (value by value), so the ints still take one C call."""
     if _all_none(values):
         return pa.nulls(len(values), _INT64)
+    head = len(values)
+    while head and type(values[head - 1]) is str:
+        head -= 1
+    if 0 < head < len(values):
+        try:
+            ints = pa.array(values[:head], _INT64)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+            return _ints(values)
+        if ints.null_count == head:  # no int at all: a column of strings (and nulls) is _ints' own case
+            return _ints(values)
+        return pa.concat_arrays([ints, pa.array(list(map(_int_or_none, values[head:])), _INT64)])
     try:
         return pa.array(values, _INT64)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
@@ -466,32 +485,90 @@ def _ns(values: Sequence[int | float | None]) -> pa.Array:
     return pa.array(ns, pa.int64(), mask=missing if missing.any() else None)
 
 
-def _json_text(raws: Sequence[msgspec.Raw]) -> pa.Array:
-    """Raw JSON values -> dictionary-encoded compact JSON text (null when absent or JSON null).
+def _json_texts(columns: Sequence[Sequence[msgspec.Raw]]) -> list[pa.Array]:
+    """Columns of raw JSON values -> dictionary-encoded compact JSON text (null when absent or JSON null).
 
-    The raw slices are concatenated into one Arrow binary array without a Python object per value;
-    only the distinct values are re-encoded, so ``[8, 512]`` and ``[8,512]`` from different writers
-    become the same string.
+    The columns are converted together (one join, one dictionary encoding: each step's fixed cost is paid
+    once per batch, not per column) and come back as slices sharing one dictionary. The raw slices are
+    concatenated into one Arrow binary array without a Python object per value: each is followed by a
+    NUL byte, which JSON text cannot hold (msgspec rejects it, even inside strings), so the value
+    boundaries are found by numpy instead of a ``len`` call per value. Only the distinct values are
+    re-encoded (and remembered across batches: the ranks of a run share most shapes), so ``[8, 512]``
+    and ``[8,512]`` from different writers become the same string.
     """
-    n = len(raws)
-    if not raws or (raws[0] is _NO_RAW and raws.count(_NO_RAW) == n):  # the key is in no event
-        # An absent value is the default Raw itself, and list.count tests identity before equality:
-        # a pass at a few ns per event instead of a call of len per event.
-        return pa.nulls(n, _DICT)
-    lengths = np.fromiter(map(len, raws), dtype=np.int64, count=n)
-    if not lengths.any():  # only empty values (cannot come from the decoder; kept for any caller)
-        return pa.nulls(n, _DICT)
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    binary = pa.Array.from_buffers(pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(raws))])
+    results: list[pa.Array | None] = []
+    present: list[Sequence[msgspec.Raw]] = []
+    for raws in columns:
+        n = len(raws)
+        if not raws or (raws[0] is _NO_RAW and raws.count(_NO_RAW) == n):  # the key is in no event
+            # An absent value is the default Raw itself, and list.count tests identity before equality:
+            # a pass at a few ns per event instead of a call of len per event.
+            results.append(pa.nulls(n, _DICT))
+        else:
+            results.append(None)
+            present.append(raws)
+    if not present:
+        return cast("list[pa.Array]", results)
+    values: list[msgspec.Raw | bytes] = []
+    for raws in present:
+        values += raws
+    total = len(values)
+    values.append(b"")  # the last value's terminator
+    data = b"\0".join(values)
+    ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0)
+    if len(ends) != total:  # a NUL inside a value (cannot come from the decoder; kept for any caller)
+        return _json_texts_by_length(columns)
+    offsets = np.empty(total + 1, dtype=np.int64)
+    offsets[0] = 0
+    np.add(ends, 1, out=offsets[1:])
+    combined = _text_dictionary(data, offsets, terminated=True)
+    start = 0
+    for i, result in enumerate(results):
+        if result is None:
+            size = len(columns[i])
+            results[i] = combined.slice(start, size)
+            start += size
+    return cast("list[pa.Array]", results)
+
+
+def _json_texts_by_length(columns: Sequence[Sequence[msgspec.Raw]]) -> list[pa.Array]:
+    """``_json_texts`` for values that may hold NUL bytes: each column on its own, lengths by ``len``."""
+    results = []
+    for raws in columns:
+        offsets = np.zeros(len(raws) + 1, dtype=np.int64)
+        np.cumsum(np.fromiter(map(len, raws), dtype=np.int64, count=len(raws)), out=offsets[1:])
+        results.append(_text_dictionary(b"".join(raws), offsets, terminated=False))
+    return results
+
+
+def _text_dictionary(data: bytes, offsets: np.ndarray, terminated: bool) -> pa.DictionaryArray:
+    """The raw JSON values ``data[offsets[i]:offsets[i + 1]]`` (``terminated``: each ending in a NUL
+    byte that is not part of it) as dictionary-encoded compact JSON text, null for an empty value."""
+    binary = pa.Array.from_buffers(
+        pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
     encoded = binary.dictionary_encode()
-    text = [_canonical_json(v) for v in encoded.dictionary.to_pylist()]
-    indices = encoded.indices
-    absent = [i for i, t in enumerate(text) if t is None]
-    if absent:
-        indices = pc.if_else(pc.is_in(indices, pa.array(absent, indices.type)), None, indices)
-    dictionary = pa.array([t or "" for t in text], pa.string())
-    return pa.DictionaryArray.from_arrays(indices, dictionary)
+    distinct = encoded.dictionary.to_pylist()
+    if not terminated:
+        text = [_canonical_json(value) for value in distinct]
+    else:  # the cache's keys keep their terminator
+        text = list(map(_CANONICAL.get, distinct, repeat(_UNSEEN)))
+        if _UNSEEN in text:
+            if len(_CANONICAL) > _CANONICAL_LIMIT:
+                _CANONICAL.clear()
+            for i, value in enumerate(distinct):
+                if text[i] is _UNSEEN:
+                    text[i] = _CANONICAL[value] = _canonical_json(value[:-1])
+    codes = pa.array([None if t is None else i for i, t in enumerate(text)], pa.int32())
+    return pa.DictionaryArray.from_arrays(codes.take(encoded.indices), pa.array([t or "" for t in text], pa.string()))
+
+
+_UNSEEN = object()
+_CANONICAL: dict[bytes, Any] = {}
+"""Compact text (or None) of every distinct raw JSON value seen, keyed with its NUL terminator: the ranks
+of a run share most shapes."""
+_CANONICAL_LIMIT = 50_000
+"""Values remembered at most (then all forgotten at once): about 10 MB."""
 
 
 _INT_LIST_BYTES = b"0123456789[]," + b" \t\n\r\x0b\x0c"
@@ -519,6 +596,7 @@ def _canonical_json(raw: bytes) -> str | None:
 
 
 def _strings(values: list[str | None]) -> pa.Array:
+    """Dictionary-encoded while converting (one pass, no intermediate string array)."""
     if _all_none(values):
         return pa.nulls(len(values), _DICT)
-    return pa.array(values, pa.string()).dictionary_encode()
+    return pa.array(values, _DICT)
