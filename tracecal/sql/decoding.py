@@ -94,15 +94,20 @@ def _batches(sizes: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]
 
 def _insert(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame, run_id: str | None = None) -> None:
     """Insert ``frame``'s rows of ``table``; ``run_id`` given: for that run, filled in Arrow (no frame
-    operation), else the frame's own ``run_id`` column."""
+    operation), else the frame's own ``run_id`` column.
+
+    The Arrow table is built column by column from the frame's series (a ``select`` plans a query)
+    and handed over uncast: the ``INSERT`` casts each column to the table's type (the frames hold
+    the same values in wider or differently encoded types: int64 ranks, large strings), which
+    costs less than casting 45 columns in Arrow first (0.5-0.8 ms per insert on small frames).
+    """
     if frame.height == 0:
         return
-    if run_id is None:
-        arrow = frame.select(table.column_names).to_arrow()
-    else:
-        arrow = frame.select([c for c in table.column_names if c != "run_id"]).to_arrow()
-        arrow = arrow.add_column(table.column_names.index("run_id"), "run_id", pa.repeat(run_id, frame.height))
-    con.from_arrow(arrow.cast(arrow_schema(table))).insert_into(table.name)  # no register/unregister round trips
+    columns = [
+        pa.repeat(run_id, frame.height) if run_id is not None and c == "run_id" else frame.get_column(c).to_arrow()
+        for c in table.column_names
+    ]
+    con.from_arrow(pa.table(columns, names=table.column_names)).insert_into(table.name)  # no register round trips
 
 
 def _layout(
