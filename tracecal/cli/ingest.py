@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich import box
@@ -15,9 +15,10 @@ from tracecal.config import Settings
 from tracecal.errors import TracecalError
 from tracecal.ingest.discover import ParallelLayout
 from tracecal.ingest.pool import ParserPool
-from tracecal.sql.connection import open_database
-from tracecal.sql.decoding import DecodeSummary
-from tracecal.sql.load import IngestOptions, IngestReport, Progress, ingest_runs
+
+if TYPE_CHECKING:  # imported by ``ingest`` after it forks the parser helpers (see there)
+    from tracecal.sql.decoding import DecodeSummary
+    from tracecal.sql.load import IngestReport, Progress
 
 
 def ingest(
@@ -49,28 +50,34 @@ def ingest(
         if iteration_marker is not None:
             _check_regex(iteration_marker)
         flags = ParallelLayout(pp=pp, tp=tp, dp=dp, nodes=nodes, gpus_per_node=gpus_per_node)
-        options = IngestOptions(
-            run_id=run_id,
-            workers=workers,
-            on_error="skip" if on_error == "skip" else "raise",
-            cluster=cluster,
-            iteration_marker=iteration_marker,
-            layout=flags,
-        )
         settings = Settings.resolve(db)
         pool = ParserPool(workers)
         if len(runs) > 1 or any(r.is_dir() for r in runs):
-            pool.start()  # fork the helper parsers now: no DuckDB connection (or its threads) exists yet
-        with pool, progress_bar() as bar, open_database(settings.db_path) as con:
-            tasks: dict[str, object] = {}
+            # Fork the helper parsers first: no DuckDB connection (or its threads) exists yet, and
+            # DuckDB, polars and the loader are not even imported (a smaller process to fork).
+            pool.start()
+        with pool:
+            from tracecal.sql.connection import open_database
+            from tracecal.sql.load import IngestOptions, ingest_runs
 
-            def on_progress(update: Progress) -> None:
-                task = tasks.get(update.run_id)
-                if task is None:
-                    task = tasks[update.run_id] = bar.add_task(update.run_id, total=update.files_total)
-                bar.update(task, completed=update.files_done)  # type: ignore[arg-type]
+            options = IngestOptions(
+                run_id=run_id,
+                workers=workers,
+                on_error="skip" if on_error == "skip" else "raise",
+                cluster=cluster,
+                iteration_marker=iteration_marker,
+                layout=flags,
+            )
+            with progress_bar() as bar, open_database(settings.db_path) as con:
+                tasks: dict[str, object] = {}
 
-            report = ingest_runs(con, runs, options, progress=on_progress, pool=pool)
+                def on_progress(update: Progress) -> None:
+                    task = tasks.get(update.run_id)
+                    if task is None:
+                        task = tasks[update.run_id] = bar.add_task(update.run_id, total=update.files_total)
+                    bar.update(task, completed=update.files_done)  # type: ignore[arg-type]
+
+                report = ingest_runs(con, runs, options, progress=on_progress, pool=pool)
         _print_report(report, settings.db_path)
 
 

@@ -5,16 +5,30 @@ at most one file in flight.
 order, so the caller can store each rank as soon as it is parsed and drop it: neither a helper nor
 the caller ever holds a whole run.
 
+How a run is shared: ``parse`` sends the run's file list to every helper at once, and every parser
+(helpers and the caller) claims the next unparsed file from a counter in shared memory. A helper
+therefore starts on the run the moment ``parse`` is called (while the caller opens its transaction)
+and takes its next file the moment it finishes one, without waiting for the caller, which is busy
+parsing or inserting (no thread of the caller is involved: a reply is read by the caller's own thread
+between two of its files, or while it waits). A helper writes each parsed rank's events as an Arrow IPC
+stream into a spool file (``/dev/shm`` when it exists: memory, no disk) and sends only the file's name
+and the rank's small fields through its pipe, so it never blocks on a caller that is not reading; the
+caller maps the file (no copy, no unpickling of the columns) and deletes its name at once. A run
+abandoned early (an error in the caller) is stopped by the counter: no parser claims another of its
+files, and the replies still in flight are dropped when read.
+
 Helpers are started one of two ways:
 
-- ``ParserPool(n).start()`` *before any DuckDB connection is opened in this process* (what
-  ``trace-ingest`` does) forks them at once from the caller (``fork``: the helpers inherit every
-  imported module and start in milliseconds, so even a run of a few 1 MB ranks is worth splitting).
-  Forking is only safe while the process has no DuckDB threads: a thread that holds a lock at the
-  moment of the fork leaves it locked forever in the child. The library threads that do exist then
-  (the numpy/OpenBLAS, Arrow and polars pools) are idle, and the helpers only run the parsers
-  (msgspec, pyarrow, numpy), never DuckDB or polars; Arrow and glibc malloc re-initialise their
-  locks in a forked child. The pool forks all helpers on that one call and never again.
+- ``ParserPool(n).start()`` *before any DuckDB connection is opened in this process* forks them at
+  once from the caller (``fork``: the helpers inherit every imported module and start in about a
+  millisecond, so even a run of a few 1 MB ranks is worth splitting). ``trace-ingest`` does it before
+  it imports DuckDB, polars and the loader: a smaller process forks faster and the caller's later
+  writes copy fewer shared pages. Forking is only safe while the process has no DuckDB
+  threads: a thread that holds a lock at the moment of the fork leaves it locked forever in the
+  child. The library threads that may exist then (the numpy/OpenBLAS, Arrow and polars pools) are
+  idle, and the helpers only run the parsers (msgspec, pyarrow, numpy), never DuckDB or polars; Arrow
+  and glibc malloc re-initialise their locks in a forked child. The pool forks all helpers on that
+  one call and never again.
 - otherwise (a library caller that already holds a connection) helpers come from a ``forkserver``
   on first need, which costs about a second of CPU to import the parser there: only runs of at
   least ``PARALLEL_MIN_BYTES`` use them.
@@ -22,17 +36,27 @@ Helpers are started one of two ways:
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import gc
+import importlib
+import itertools
 import multiprocessing
 import os
+import pickle
+import shutil
+import signal
 import sys
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
+import tempfile
+import traceback
+import weakref
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, NoReturn
+
+import pyarrow as pa
 
 from tracecal.errors import TracecalError, WorkerError
 from tracecal.ingest.discover import TraceFile
@@ -40,6 +64,8 @@ from tracecal.ingest.parse import parse_trace_file
 from tracecal.ingest.trace import ParsedRank
 
 OnError = Literal["raise", "skip"]
+Parsing = Generator[tuple[TraceFile, list[ParsedRank]], None, None]
+"""Parsed files in completion order (``ParserPool.parse``); ``close()`` it to give up the run."""
 
 PARALLEL_MIN_BYTES = 64 * 2**20
 """Below this much uncompressed trace in a run, a pool without forked helpers parses in the calling
@@ -47,8 +73,16 @@ process: starting fork-server helpers (about a second of CPU) would cost more th
 JSON per CPU second). Forked helpers (``ParserPool.start``) are used for any run of several files."""
 
 _PRELOAD = ["tracecal.ingest.kineto", "pandas"]
-"""Imported once in the fork server, so helpers forked from it start warm. pandas: pyarrow imports
-it on its first ``pa.array()`` of Python objects (0.3 s of CPU) when it is installed."""
+"""Imported by a helper before its first file (once in the fork server, so helpers forked from it
+start warm; a helper forked from a caller that has not imported them yet imports them itself,
+meanwhile the caller opens its database). pandas: pyarrow imports it on its first ``pa.array()`` of
+Python objects (0.3 s of CPU) when it is installed."""
+
+_RUN, _NEXT, _SLOTS = 0, 1, 2
+"""The shared counter (``RawArray`` of int64, guarded by one lock): the current run's number, the
+index of its next unclaimed file, then per helper the index of the file it is parsing (-1: none)."""
+
+_STOPPED = 2**62
 
 
 @dataclass(frozen=True)
@@ -59,6 +93,17 @@ class Skipped:
     reason: str
 
 
+@dataclass
+class _Helper:
+    process: Any  # multiprocessing's Process of the chosen context
+    conn: Connection
+
+
+# What a helper sends per file: (run, file index, shipped ranks or None, error or None).
+_Shipped = tuple[dict[str, Any], "str | pa.Table"]
+_Reply = tuple[int, int, "list[_Shipped] | None", "BaseException | None"]
+
+
 class ParserPool:
     """``workers`` parsers: this process and ``workers - 1`` helper processes. ``workers <= 1`` or a
     single file parse here only; so do runs under ``PARALLEL_MIN_BYTES`` unless ``start`` forked the
@@ -66,35 +111,76 @@ class ParserPool:
 
     def __init__(self, workers: int) -> None:
         self.workers = max(1, workers)
-        self._executor: ProcessPoolExecutor | None = None
+        self._helpers: list[_Helper] = []
         self._forked = False
+        self._lock: Any = None
+        self._state: Any = None
+        self._spool: Path | None = None
+        self._run = 0
+        self._broken: str | None = None
 
     def __enter__(self) -> ParserPool:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        self.close()
+
+    def close(self) -> None:
+        """Stop the helpers (one still parsing a file of an abandoned run is terminated) and delete
+        the spool directory."""
+        helpers, self._helpers = self._helpers, []
+        for index, helper in enumerate(helpers):
+            busy = self._state is not None and self._state[_SLOTS + index] >= 0
+            if busy:
+                helper.process.terminate()
+            else:
+                with contextlib.suppress(OSError):
+                    helper.conn.send(None)
+        for helper in helpers:
+            helper.process.join()
+            helper.conn.close()
+        if self._spool is not None:
+            shutil.rmtree(self._spool, ignore_errors=True)
+            self._spool = None
 
     def start(self) -> ParserPool:
         """Fork the helper processes now; call it before opening any DuckDB connection in this
         process (see the module docstring). No-op for one worker, or off Linux (macOS system libraries
         are not fork-safe; there the fork server is used)."""
-        if self.workers > 1 and self._executor is None and sys.platform.startswith("linux"):
-            self._executor = ProcessPoolExecutor(
-                max_workers=self.workers - 1, mp_context=multiprocessing.get_context("fork")
-            )
-            # The fork context launches every helper on the first submit, from this thread, before
-            # the executor starts its own threads. gc.freeze: a helper's garbage collections then
-            # skip the inherited objects instead of writing to (and so copying) every page of them.
-            gc.freeze()
-            try:
-                self._executor.submit(os.getpid).result()
-            finally:
-                gc.unfreeze()
+        if self.workers > 1 and not self._helpers and sys.platform.startswith("linux"):
+            self._launch("fork")
             self._forked = True
         return self
+
+    def _launch(self, method: str) -> None:
+        context = multiprocessing.get_context(method)
+        if method == "forkserver":
+            context.set_forkserver_preload(_PRELOAD)
+        shm = Path("/dev/shm")
+        parent = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
+        self._spool = Path(tempfile.mkdtemp(prefix="tracecal-parse-", dir=parent))
+        weakref.finalize(self, shutil.rmtree, self._spool, True)  # also if the pool is never closed
+        self._lock = context.Lock()
+        self._state = context.RawArray("q", _SLOTS + self.workers - 1)
+        for slot in range(self.workers - 1):
+            self._state[_SLOTS + slot] = -1
+        for slot in range(self.workers - 1):
+            ours, theirs = context.Pipe()
+            process = context.Process(  # type: ignore[attr-defined]
+                target=_helper_main,
+                args=(slot, theirs, self._lock, self._state, str(self._spool)),
+                name=f"tracecal-parser-{slot + 1}",
+                daemon=True,
+            )
+            # gc.freeze: a forked helper's garbage collections then skip the inherited objects
+            # instead of writing to (and so copying) every page of them.
+            gc.freeze()
+            try:
+                process.start()
+            finally:
+                gc.unfreeze()
+            theirs.close()
+            self._helpers.append(_Helper(process, ours))
 
     def parse(
         self,
@@ -102,11 +188,14 @@ class ParserPool:
         on_error: OnError,
         skipped: list[Skipped],
         idle: Callable[[], object] | None = None,
-    ) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
-        """Parsed files in completion order. A failing file raises (``raise``), or is recorded in
-        ``skipped`` and yielded with no ranks (``skip``) so progress still counts it. ``idle`` is
-        called whenever this process is about to wait for helpers (e.g. to insert what it holds
-        meanwhile).
+    ) -> Parsing:
+        """Parsed files in completion order. The helpers start on ``files`` at once (before the
+        first ``next``); an iterator dropped before its end stops them taking more of its files.
+        A failing file raises (``raise``), or is recorded in ``skipped`` and yielded with no ranks
+        (``skip``) so progress still counts it. ``idle`` (e.g. insert what this process holds) is
+        called whenever this process is about to wait for helpers, and before it takes one of the
+        run's last files (no more left than there are helpers), so that its work after the last
+        file is small.
 
         Raises:
             TracecalError: the first bad file's error under ``raise``.
@@ -114,10 +203,17 @@ class ParserPool:
         """
         small = sum(f.content_bytes for f in files) < PARALLEL_MIN_BYTES and not self._forked
         if self.workers == 1 or len(files) == 1 or small:
-            for trace_file in files:
-                yield trace_file, self._parse_here(trace_file, on_error, skipped)
-            return
-        yield from self._parse_shared(files, on_error, skipped, idle)
+            return self._parse_all_here(files, on_error, skipped)
+        if self._broken is not None:
+            raise WorkerError(self._broken)
+        if not self._helpers:
+            self._launch("forkserver")
+        run = self._dispatch(files)
+        return self._parse_shared(run, files, on_error, skipped, idle)
+
+    def _parse_all_here(self, files: Sequence[TraceFile], on_error: OnError, skipped: list[Skipped]) -> Parsing:
+        for trace_file in files:
+            yield trace_file, self._parse_here(trace_file, on_error, skipped)
 
     @staticmethod
     def _parse_here(trace_file: TraceFile, on_error: OnError, skipped: list[Skipped]) -> list[ParsedRank]:
@@ -129,84 +225,197 @@ class ParserPool:
             skipped.append(Skipped(trace_file.path, str(exc)))
             return []
 
-    def _pool(self) -> ProcessPoolExecutor:
-        if self._executor is None:
-            context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(_PRELOAD)
-            self._executor = ProcessPoolExecutor(max_workers=self.workers - 1, mp_context=context)
-        return self._executor
+    def _dispatch(self, files: Sequence[TraceFile]) -> int:
+        """Make ``files`` the current run (any earlier one is abandoned) and send it to every helper."""
+        with self._lock:
+            self._run = int(self._state[_RUN]) + 1
+            self._state[_RUN], self._state[_NEXT] = self._run, 0
+        paths = [f.path for f in files]
+        for helper in self._helpers:
+            try:
+                helper.conn.send((self._run, paths))
+            except OSError:
+                self._died(helper, files)
+        return self._run
+
+    def _claim(self, run: int, total: int) -> int | None:
+        """The next unclaimed file of ``run`` for this process, or None when every file is taken."""
+        with self._lock:
+            index = int(self._state[_NEXT])
+            if self._state[_RUN] != run or index >= total:
+                return None
+            self._state[_NEXT] = index + 1
+            return index
+
+    def _unclaimed(self, total: int) -> int:
+        return max(0, total - int(self._state[_NEXT]))
+
+    def _stop(self, run: int) -> None:
+        with self._lock:
+            if self._state[_RUN] == run:
+                self._state[_NEXT] = _STOPPED
 
     def _parse_shared(
         self,
+        run: int,
         files: Sequence[TraceFile],
         on_error: OnError,
         skipped: list[Skipped],
         idle: Callable[[], object] | None,
-    ) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
-        """Helpers and this process take files from one queue. A helper gets its next file the moment
-        it finishes one (a callback on the executor's thread), so it never waits for this process;
-        this process yields its own file and every helper result that is ready between two of its
-        files, then waits for the rest."""
-        pool = self._pool()
-        queue = iter(files)
-        lock = threading.Lock()  # the queue and in_flight are shared with the executor's thread
-        in_flight: dict[Future[list[ParsedRank]], TraceFile] = {}
-        stopping = False
-
-        def take() -> TraceFile | None:
-            with lock:
-                return None if stopping else next(queue, None)
-
-        def submit(trace_file: TraceFile | None) -> None:
-            if trace_file is None:
-                return
-            future = pool.submit(parse_trace_file, trace_file.path)
-            with lock:
-                in_flight[future] = trace_file
-            future.add_done_callback(lambda done: None if done.cancelled() else submit(take()))
-
-        def ready() -> list[Future[list[ParsedRank]]]:
-            with lock:
-                return [f for f in in_flight if f.done()]
-
-        def collect(finished: Iterable[Future[list[ParsedRank]]]) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
-            for future in finished:
-                with lock:
-                    trace_file = in_flight.pop(future)
-                try:
-                    parsed = future.result()
-                except BrokenProcessPool as exc:
-                    raise WorkerError(
-                        f"{trace_file.path}: a parser process died (out of memory?); retry with fewer --workers"
-                    ) from exc
-                except TracecalError as exc:
-                    if on_error == "raise":
-                        raise
-                    skipped.append(Skipped(trace_file.path, str(exc)))
-                    parsed = []
-                yield trace_file, parsed
-                del parsed
-
-        # At most one file per parser in flight, and one parsed rank per helper waiting to be taken.
-        for _ in range(self.workers - 1):
-            submit(take())
+    ) -> Parsing:
+        """Between two of its own files this process yields every helper result that has arrived;
+        when no file is left to claim it waits for the helpers' last ones (calling ``idle`` first).
+        The helpers never wait for this process: they claim files themselves."""
+        remaining = len(files)
         try:
-            while (own := take()) is not None:
-                yield own, self._parse_here(own, on_error, skipped)
-                yield from collect(ready())
-            while True:
-                with lock:
-                    pending = list(in_flight)
-                if not pending:
+            while remaining:
+                for index, parsed in self._replies(run, files, on_error, skipped, timeout=0):
+                    remaining -= 1
+                    yield files[index], parsed
+                    del parsed
+                if not remaining:
                     break
-                if idle is not None and not any(f.done() for f in pending):
+                if idle is not None and self._unclaimed(len(files)) <= len(self._helpers):
+                    # The run's last files: insert what is held now, while the helpers parse,
+                    # rather than all of it after the last file.
                     idle()
-                finished, _ = wait(pending, return_when=FIRST_COMPLETED)
-                yield from collect(finished)
-        except BaseException:
+                own = self._claim(run, len(files))
+                if own is not None:
+                    remaining -= 1
+                    yield files[own], self._parse_here(files[own], on_error, skipped)
+                    continue
+                if idle is not None and not self._any_ready():
+                    idle()
+                for index, parsed in self._replies(run, files, on_error, skipped, timeout=None):
+                    remaining -= 1
+                    yield files[index], parsed
+                    del parsed
+        finally:
+            self._stop(run)  # after an error: no parser takes another file of this run
+
+    def _any_ready(self) -> bool:
+        return bool(wait([h.conn for h in self._helpers], 0))
+
+    def _replies(
+        self,
+        run: int,
+        files: Sequence[TraceFile],
+        on_error: OnError,
+        skipped: list[Skipped],
+        timeout: float | None,
+    ) -> list[tuple[int, list[ParsedRank]]]:
+        """The results of ``run`` that have arrived, after waiting up to ``timeout`` seconds for one
+        (None: until one arrives); replies of an abandoned run are dropped."""
+        waitables: list[Any] = [h.conn for h in self._helpers] + [h.process.sentinel for h in self._helpers]
+        ready = set(wait(waitables, timeout))
+        results: list[tuple[int, list[ParsedRank]]] = []
+        for helper in self._helpers:
+            if helper.conn not in ready and helper.process.sentinel not in ready:
+                continue
+            while True:
+                try:
+                    if not helper.conn.poll():
+                        break
+                    reply: _Reply = helper.conn.recv()
+                except (EOFError, OSError):
+                    self._died(helper, files)
+                reply_run, index, shipped, error = reply
+                if reply_run != run:
+                    _discard(shipped)
+                    continue
+                if error is not None:
+                    if on_error == "raise" or not isinstance(error, TracecalError):
+                        raise error
+                    skipped.append(Skipped(files[index].path, str(error)))
+                    results.append((index, []))
+                else:
+                    results.append((index, [_receive(s) for s in shipped or ()]))
+            if helper.process.sentinel in ready and not helper.process.is_alive():
+                self._died(helper, files)
+        return results
+
+    def _died(self, helper: _Helper, files: Sequence[TraceFile]) -> NoReturn:
+        """A helper is gone: the pool cannot finish the run (nor any later one)."""
+        slot = self._helpers.index(helper)
+        index = int(self._state[_SLOTS + slot])
+        where = f"{files[index].path}: " if 0 <= index < len(files) else ""
+        self._broken = f"{where}a parser process died (out of memory?); retry with fewer --workers"
+        raise WorkerError(self._broken)
+
+
+def _helper_main(slot: int, conn: Connection, lock: Any, state: Any, spool: str) -> None:
+    """A helper process: for each run it is sent, parse the files it claims until none is left."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle (it stops us)
+    for module in _PRELOAD:  # inherited if the caller had them; else imported while it opens its database
+        importlib.import_module(module)
+    names = itertools.count()
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, OSError):
+            return
+        if task is None:
+            return
+        run, paths = task
+        while True:
             with lock:
-                stopping = True  # no helper takes another file
-                running = list(in_flight)
-            for future in running:  # stop queued work; the pool itself is shut down on exit
-                future.cancel()
-            raise
+                index = int(state[_NEXT])
+                if state[_RUN] != run or index >= len(paths):
+                    break
+                state[_NEXT] = index + 1
+                state[_SLOTS + slot] = index
+            reply: _Reply
+            try:
+                parsed = parse_trace_file(paths[index])  # looked up at call time (tests patch it)
+                reply = (run, index, [_ship(r, Path(spool), next(names)) for r in parsed], None)
+                del parsed
+            except Exception as exc:  # sent to the caller, which raises or skips it
+                reply = (run, index, None, _portable(exc))
+            conn.send(reply)
+            del reply
+            with lock:
+                state[_SLOTS + slot] = -1
+
+
+def _ship(rank: ParsedRank, spool: Path, number: int) -> _Shipped:
+    """A parsed rank for the pipe: its small fields, and its events as the name of an Arrow IPC
+    stream file in the spool (or, if that cannot be written, the table itself, pickled)."""
+    fields = {f.name: getattr(rank, f.name) for f in dataclasses.fields(rank) if f.name != "events"}
+    path = spool / f"{os.getpid()}-{number}.arrows"
+    try:
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, rank.events.schema) as writer:
+            writer.write_table(rank.events)
+    except (OSError, pa.ArrowException):  # e.g. a full /dev/shm
+        with contextlib.suppress(OSError):
+            path.unlink()
+        return fields, rank.events
+    return fields, str(path)
+
+
+def _receive(shipped: _Shipped) -> ParsedRank:
+    fields, events = shipped
+    if isinstance(events, str):
+        path = events
+        # Memory-mapped: the table's buffers point into the file (no copy); the mapping outlives
+        # the name, which goes at once.
+        events = pa.ipc.open_stream(pa.memory_map(path)).read_all()
+        os.unlink(path)
+    return ParsedRank(events=events, **fields)
+
+
+def _discard(shipped: list[_Shipped] | None) -> None:
+    for _, events in shipped or ():
+        if isinstance(events, str):
+            with contextlib.suppress(OSError):
+                os.unlink(events)
+
+
+def _portable(exc: Exception) -> BaseException:
+    """A helper's error for the pipe: a ``TracecalError`` as it is (its one-line message is the
+    report); anything else (a bug) as a ``RuntimeError`` carrying the helper's traceback."""
+    if isinstance(exc, TracecalError):
+        try:
+            return pickle.loads(pickle.dumps(exc))
+        except Exception:  # an error class with an unusual constructor
+            return TracecalError(str(exc))
+    return RuntimeError("in a parser process:\n" + "".join(traceback.format_exception(exc)))

@@ -1,9 +1,12 @@
 """Loading runs into the database: discover, parse in worker processes, insert, one transaction per run.
 
 ``ingest_runs(con, run_dirs, options) -> IngestReport`` is the library side of ``trace-ingest``.
-Files are parsed by a pool of worker processes (``tracecal.ingest.pool``: one file per task, at most
-``workers`` files in flight; small runs in this process) and each rank is inserted as soon as it
-arrives and then dropped, so neither a worker nor the loader ever holds a whole run. Each run is one
+Files are parsed by this process and helper processes (``tracecal.ingest.pool``: each parser claims
+the run's next file, at most one in flight per parser; small runs in this process only), and each
+rank is inserted (batched, see ``INSERT_BATCH_ROWS``) as it arrives and then dropped, so neither a
+helper nor the loader ever holds a whole run. The helpers start on a run's files before its
+transaction is opened; near the end of a run the loader inserts what it holds before taking another
+file, so that little is left to insert after the last one. Each run is one
 DuckDB transaction: its old rows are deleted from every run table, the new ones inserted and decoded,
 and any failure rolls back so the database is unchanged.
 """
@@ -190,6 +193,8 @@ def _ingest_run(
     started = time.perf_counter()
     skipped: list[Skipped] = []
     stored = _StoredRanks(con, run_id, len(run.files))
+    # Helper processes start on the files now, while this process opens the transaction.
+    parsing = pool.parse(run.files, options.on_error, skipped, idle=stored.flush)
     con.execute("BEGIN TRANSACTION")
     try:
         # Step 1: re-ingest replaces — the run's rows go from every run-keyed table.
@@ -198,7 +203,6 @@ def _ingest_run(
         # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
         # While this process waits for helper processes, it inserts the ranks it holds.
         with _one_thread(con):
-            parsing = pool.parse(run.files, options.on_error, skipped, idle=stored.flush)
             for done, (trace_file, parsed) in enumerate(parsing, start=1):
                 stored.add(trace_file, parsed)
                 del parsed  # stored or waiting in `stored` (bounded by INSERT_BATCH_ROWS), not held here
@@ -232,6 +236,8 @@ def _ingest_run(
     except BaseException:
         con.execute("ROLLBACK")
         raise
+    finally:
+        parsing.close()  # after an error: the helpers take no more of this run's files
     return RunReport(
         run_id=run_id,
         source_path=run.run_dir,
