@@ -119,6 +119,11 @@ def assign_phases(events: pl.DataFrame, operators: pl.DataFrame, names: NameInde
         operators: frame with rank, uid, cpu_pid, cpu_tid, launch_ns, cpu_op_name, cpu_fwd_thread_id,
             iteration (one or more ranks).
     """
+    return phases_plan(events, operators, names).collect(engine=ENGINE)
+
+
+def phases_plan(events: pl.DataFrame, operators: pl.DataFrame, names: NameIndex | None = None) -> pl.LazyFrame:
+    """``assign_phases`` as a lazy plan, for a caller to finish in its own plan (one collect less)."""
     pts = operators.filter(pl.col("launch_ns").is_not_null()).select(
         "rank",
         pl.col("cpu_pid").alias("pid"),
@@ -177,7 +182,7 @@ def assign_phases(events: pl.DataFrame, operators: pl.DataFrame, names: NameInde
         pl.coalesce("phase", positional).alias("phase"),
         pl.col("phase_evidence").fill_null(pl.lit("position")),
     )
-    return out.drop("_autograd", "_opt", "_bwd", "_fwd", "_first_bwd", "_last_bwd").collect(engine=ENGINE)
+    return out.drop("_autograd", "_opt", "_bwd", "_fwd", "_first_bwd", "_last_bwd")
 
 
 def component_expr() -> pl.Expr:

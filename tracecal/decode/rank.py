@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from tracecal.decode import classify, collectives, link
-from tracecal.decode.classify import assign_phases, component_expr
+from tracecal.decode.classify import component_expr, phases_plan
 from tracecal.decode.collectives import Layout, rank_collectives
 from tracecal.decode.iterations import DEFAULT_MARKER, iteration_spans, iteration_windows, window_of
 from tracecal.decode.link import END_NS, GPU_KINDS, cpu_leaf_operators, link_gpu_operators, outermost_scope, uid_series
@@ -100,16 +100,19 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
     ops = outermost_scope(ev, ops, names=names)
     when = ops.select(pl.coalesce("launch_ns", "ts_ns")).to_series()
     ops = ops.with_columns(window_of(ops.get_column("rank"), when, windows))
-    ops = assign_phases(ev, ops, names)
+    # collectives, families and shapes read no phase: the phases are planned, not collected, and
+    # finished in the final plan with the family / shape table and the collectives' roles
     colls = rank_collectives(ev, ops, layout=layout, gpu_ranks=gpu_ranks, names=names)
     # family and shape features per distinct signature, joined in the final plan
     table = family_shape_table(ops)
     keys = table.columns[:6]  # the signature columns of ``ops`` it was built from
+    phased = phases_plan(ev, ops, names).join(table.lazy(), on=keys, how="left", nulls_equal=True)
+    if colls.height:
+        phased = phased.join(colls.lazy().select("rank", "event_id", "role"), on=["rank", "event_id"], how="left")
+    else:  # no instance: no join
+        phased = phased.with_columns(pl.lit(None, dtype=colls.schema["role"]).alias("role"))
     ops = (
-        ops.lazy()
-        .join(table.lazy(), on=keys, how="left", nulls_equal=True)
-        .join(colls.lazy().select("rank", "event_id", "role"), on=["rank", "event_id"], how="left")
-        .with_columns(component_expr())
+        phased.with_columns(component_expr())
         .with_columns(pl.col("rank").cast(pl.Int32), pl.lit(None, dtype=pl.Utf8).alias("run_id"))
         .select(OPERATORS.column_names)
         .sort("rank", "event_id")
