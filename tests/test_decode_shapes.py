@@ -200,11 +200,11 @@ FAMILY_TRIPLES = [
 ]
 
 
-@pytest.mark.parametrize("polars_from", [0, 10**6])
+@pytest.mark.parametrize("polars_from", [0, 10**9])
 def test_with_family_matches_family_of_on_both_kernel_paths(polars_from: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Kernel names are matched in polars from POLARS_KERNEL_NAMES new names on, else by Python's
+    """Kernel names are matched in polars from POLARS_KERNEL_CHARS characters of new names on, else by Python's
     regexes: both give ``family_of``'s answer."""
-    monkeypatch.setattr(shapes, "POLARS_KERNEL_NAMES", polars_from)
+    monkeypatch.setattr(shapes, "POLARS_KERNEL_CHARS", polars_from)
     monkeypatch.setattr(shapes, "_KERNEL_FAMILIES", {})
     schema = {"cpu_op_name": pl.Utf8, "name": pl.Utf8, "kind": pl.Utf8}
     frame = pl.DataFrame(FAMILY_TRIPLES, schema=schema, orient="row")
