@@ -25,7 +25,9 @@ from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, names_like, pa
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
 RUNTIME_KINDS = ("cuda_runtime", "cuda_driver")
-PROFILER_STEP = r"^ProfilerStep#\d+$"
+PROFILER_STEP = r"^ProfilerStep#(\d+)$"
+"""Profiler step ranges: the text of ``iterations.DEFAULT_MARKER`` (the group changes nothing about
+what matches), so a batch compiles and matches the pattern once."""
 CPU_COMM_WORK = r"^gloo:"
 METADATA_OPS = (
     r"^aten::(view|_unsafe_view|view_as|empty|empty_strided|empty_like|new_empty|new_empty_strided|as_strided"
