@@ -41,6 +41,13 @@ DIRECT_DECODE_BYTES = 256 * 2**20
 BATCH_EVENTS = 500_000
 """Events decoded into Structs at a time above ``DIRECT_DECODE_BYTES``."""
 
+CHUNK_EVENTS = 4096
+"""Decoded events turned into one record batch at a time when there are more than ``2 * CHUNK_EVENTS``:
+each chunk's Structs stay in the CPU cache while its columns are read (by a transposing ``astuple``,
+``kineto_events.TRANSPOSE_ROWS``): 9-10 % less time building the columns of the 27 000 and 49 000 events
+of the A100 and MI300X traces; a smaller list is converted whole (the per-batch cost, ≈ 0.4 ms, would
+outweigh it)."""
+
 _ERA_2021 = frozenset({"Operator", "Runtime", "Kernel", "Memcpy", "Memset"})
 _ERA_2024_FLOWS = frozenset({"ac2g", "fwdbwd"})
 
@@ -127,10 +134,12 @@ def parse_kineto_file(path: Path) -> ParsedRank:
         for offset, (events, strict) in event_batches:
             categories.update(map(_CAT, events))
             float_ts = float_ts or float in set(map(type, map(_TS, events[:1000])))
-            batch = events_to_batch(path, events, offset, strict)
+            parts = [events_to_batch(path, events[a:b], offset + a, strict) for a, b in _chunks(len(events))]
             del events
-            if batch.num_rows:
-                batches.append(batch)
+            if len(parts) > 1:  # one batch again, its dictionaries unified (≈ 2 ms for 63 000 events): the
+                # loader and decode get what one conversion would give (chunks cost DuckDB and polars more)
+                parts = pa.Table.from_batches(parts).combine_chunks().to_batches()
+            batches.extend(batch for batch in parts if batch.num_rows)
         del events_array, event_batches
     if not batches:
         raise TraceFormatError(
@@ -138,6 +147,13 @@ def parse_kineto_file(path: Path) -> ParsedRank:
         )
     table = pa.Table.from_batches(batches)
     return _parsed_rank(path, header, table, _era(categories, float_ts, header), len(data))
+
+
+def _chunks(n: int) -> list[tuple[int, int]]:
+    """(start, stop) of the chunks ``n`` decoded events are converted in (``CHUNK_EVENTS``)."""
+    if n <= 2 * CHUNK_EVENTS:
+        return [(0, n)]
+    return [(start, min(start + CHUNK_EVENTS, n)) for start in range(0, n, CHUNK_EVENTS)]
 
 
 @contextmanager
