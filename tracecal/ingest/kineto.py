@@ -65,7 +65,6 @@ class _DeviceProperties(msgspec.Struct):
     name: str | None = None
 
 
-_CAT = attrgetter("cat")
 _TS = attrgetter("ts")
 _METADATA: dict[str, Any] = {
     key: str | int | float | bool | None
@@ -132,9 +131,10 @@ def parse_kineto_file(path: Path) -> ParsedRank:
         categories: set[str | None] = set()
         float_ts = False
         for offset, (events, strict) in event_batches:
-            categories.update(map(_CAT, events))
             float_ts = float_ts or float in set(map(type, map(_TS, events[:1000])))
-            parts = [events_to_batch(path, events[a:b], offset + a, strict) for a, b in _chunks(len(events))]
+            parts = [
+                events_to_batch(path, events[a:b], offset + a, strict, categories) for a, b in _chunks(len(events))
+            ]
             del events
             if len(parts) > 1:  # one batch again, its dictionaries unified (≈ 2 ms for 63 000 events): the
                 # loader and decode get what one conversion would give (chunks cost DuckDB and polars more)

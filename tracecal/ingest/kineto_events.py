@@ -204,11 +204,15 @@ def decode_events(path: Path, array: bytes | memoryview, offset: int) -> tuple[l
         raise TraceFormatError(f"{path}: {exc}") from exc
 
 
-def events_to_batch(path: Path, events: list[Any], offset: int, strict: bool = False) -> pa.RecordBatch:
+def events_to_batch(
+    path: Path, events: list[Any], offset: int, strict: bool = False, seen: set[str | None] | None = None
+) -> pa.RecordBatch:
     """Complete (``ph`` X) events of one decoded list -> a record batch of ``_BATCH_SCHEMA``.
 
     ``strict``: the events are ``StrictEvent`` (``decode_events`` says). Text columns are
-    dictionary-encoded; ``run_id`` and ``rank`` are left null for the loader.
+    dictionary-encoded; ``run_id`` and ``rank`` are left null for the loader. ``seen``, when
+    given, gains the category of every event of the list, complete or not (the complete events' from
+    their dictionary-encoded column: no hashing of a string per event).
 
     Raises:
         TraceFormatError: a complete event without ``ts`` or ``name`` (file, event index and key).
@@ -229,6 +233,8 @@ def events_to_batch(path: Path, events: list[Any], offset: int, strict: bool = F
         args = [_NO_ARGS[strict] if a is None else a for a in args]
     ints = _exact_ints if strict else _ints
     category = _strings(top["cat"])
+    if seen is not None:
+        _add_categories(seen, category, events, positions)
     categories = category.dictionary.to_pylist()
     kinds = [KIND_BY_CATEGORY.get(c, "other") for c in categories]
     kind = pa.DictionaryArray.from_arrays(category.indices, pa.array(kinds, pa.string()))
@@ -278,6 +284,17 @@ def events_to_batch(path: Path, events: list[Any], offset: int, strict: bool = F
     }
     columns.update(_comm_columns(core))
     return pa.RecordBatch.from_arrays([columns[f.name] for f in _BATCH_SCHEMA], schema=_BATCH_SCHEMA)
+
+
+def _add_categories(categories: set[str | None], category: pa.Array, events: list[Any], positions: np.ndarray) -> None:
+    """Add the categories of ``events``: the complete ones (at ``positions``) from their column."""
+    categories.update(category.dictionary.to_pylist())
+    if category.null_count:
+        categories.add(None)
+    if len(positions) != len(events):
+        others = np.ones(len(events), dtype=bool)
+        others[positions] = False
+        categories.update(map(_GET["cat"], _pick(events, np.flatnonzero(others).tolist())))
 
 
 def _comm_columns(core: _Rows) -> dict[str, pa.Array]:
