@@ -481,7 +481,7 @@ def rank_collectives(
     if names is not None and not (names.any_like(COMM_KERNEL) or names.any_like(CPU_WORK)):
         return _empty_collectives()  # no name of the batch can be an instance: no plan to run
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
-    inst = operators.filter(
+    inst = operators.lazy().filter(  # one plan
         (on_gpu & (pl.col("kind") == "kernel") & names_like(operators, COMM_KERNEL, names))
         | (~on_gpu & names_like(operators, CPU_WORK, names))
     )
@@ -499,11 +499,14 @@ def rank_collectives(
         "cpu_pid",
         "cpu_tid",
         "scope_name",
-    )
+    ).collect(engine=ENGINE)
     if inst.height == 0:
         return _empty_collectives()
-    if inst.filter(~on_gpu).height:
-        inst = pl.concat([inst.filter(on_gpu), _link_cpu_work(events, inst.filter(~on_gpu))], how="vertical_relaxed")
+    gpu_rows = inst.get_column("on_gpu")
+    if not gpu_rows.all():  # gloo work ranges (no filter plans when every instance is one)
+        mixed = bool(gpu_rows.any())
+        gpu_part, cpu_part = (inst.filter(on_gpu), inst.filter(~on_gpu)) if mixed else (inst.clear(), inst)
+        inst = pl.concat([gpu_part, _link_cpu_work(events, cpu_part)], how="vertical_relaxed")
     context = _context_attrs(events, inst, names)
     scope = _scope_evidence(events, inst, names)
     nccl = nccl_api_fields(events, inst, names)
@@ -614,7 +617,7 @@ def rank_collectives(
             }
         )
     schema = _ROW_SCHEMA
-    out = pl.DataFrame(records, schema=schema, orient="row")
+    out = pl.DataFrame(records, schema=schema, orient="row").lazy()  # one plan from here
     out = out.with_columns(
         pl.coalesce(pl.col("pg_name"), pl.col("pg_ranks"), pl.col("_inferred"), pl.lit("default")).alias("group_key"),
         (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"),
@@ -629,4 +632,5 @@ def rank_collectives(
         )
         .sort("rank", "ts_ns", "event_id")
         .drop("_order")
+        .collect(engine=ENGINE)
     )
