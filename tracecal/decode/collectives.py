@@ -481,11 +481,11 @@ def rank_collectives(
     if names is not None and not (names.any_like(COMM_KERNEL) or names.any_like(CPU_WORK)):
         return _empty_collectives()  # no name of the batch can be an instance: no plan to run
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
-    inst = operators.lazy().filter(  # one plan
+    candidates = operators.lazy().filter(  # one plan
         (on_gpu & (pl.col("kind") == "kernel") & names_like(operators, COMM_KERNEL, names))
         | (~on_gpu & names_like(operators, CPU_WORK, names))
     )
-    inst = inst.select(
+    inst = candidates.select(
         "rank",
         on_gpu.alias("on_gpu"),
         "uid",
