@@ -316,18 +316,26 @@ def decode_stored_run(
     offsets = clock_offsets(colls, ranks)
     its, colls = apply_offsets(its, colls, offsets)
     # one statement for all ranks (a statement costs 1-4 ms, a run can have hundreds of ranks), the
-    # offsets bound as lists: no register/unregister round trips
-    con.execute(
-        "UPDATE ranks SET clock_offset_ns = o.clock_offset_ns, clock_residual_ns = o.clock_residual_ns "
-        "FROM (SELECT unnest($2::INTEGER[]) AS rank, unnest($3::BIGINT[]) AS clock_offset_ns, "
-        "unnest($4::BIGINT[]) AS clock_residual_ns) o WHERE ranks.run_id = $1 AND ranks.rank = o.rank",
-        [
-            run_id,
-            offsets["rank"].to_list(),
-            offsets["clock_offset_ns"].to_list(),
-            offsets["clock_residual_ns"].to_list(),
-        ],
-    )
+    # offsets bound as lists: no register/unregister round trips; one rank: bound as values (the
+    # unnest-and-join plan costs 0.5 ms more)
+    if offsets.height == 1:
+        con.execute(
+            "UPDATE ranks SET clock_offset_ns = $3::BIGINT, clock_residual_ns = $4::BIGINT "
+            "WHERE run_id = $1 AND rank = $2::INTEGER",
+            [run_id, *offsets.row(0)],
+        )
+    else:
+        con.execute(
+            "UPDATE ranks SET clock_offset_ns = o.clock_offset_ns, clock_residual_ns = o.clock_residual_ns "
+            "FROM (SELECT unnest($2::INTEGER[]) AS rank, unnest($3::BIGINT[]) AS clock_offset_ns, "
+            "unnest($4::BIGINT[]) AS clock_residual_ns) o WHERE ranks.run_id = $1 AND ranks.rank = o.rank",
+            [
+                run_id,
+                offsets["rank"].to_list(),
+                offsets["clock_offset_ns"].to_list(),
+                offsets["clock_residual_ns"].to_list(),
+            ],
+        )
     if colls.height:
         colls = _topology(colls, layout.world_size, nodes, gpn)
         _insert(con, COLLECTIVES, colls, run_id)
