@@ -201,7 +201,7 @@ class ParserPool:
             TracecalError: the first bad file's error under ``raise``.
             WorkerError: a helper process died (killed for memory, crashed).
         """
-        small = sum(f.content_bytes for f in files) < PARALLEL_MIN_BYTES and not self._forked
+        small = not self._forked and sum(f.content_bytes for f in files) < PARALLEL_MIN_BYTES
         if self.workers == 1 or len(files) == 1 or small:
             return self._parse_all_here(files, on_error, skipped)
         if self._broken is not None:
