@@ -17,18 +17,22 @@ caller maps the file (no copy, no unpickling of the columns) and deletes its nam
 abandoned early (an error in the caller) is stopped by the counter: no parser claims another of its
 files, and the replies still in flight are dropped when read.
 
+A new helper parses a small synthetic trace once (``_warm_up``) before it waits for work: a
+process's first parse pays one-time costs, which otherwise made a helper's first file about twice as
+slow as its next ones.
+
 Helpers are started one of two ways:
 
 - ``ParserPool(n).start()`` *before any DuckDB connection is opened in this process* forks them at
   once from the caller (``fork``: the helpers inherit every imported module and start in about a
-  millisecond, so even a run of a few 1 MB ranks is worth splitting). ``trace-ingest`` does it before
-  it imports DuckDB, polars and the loader: a smaller process forks faster and the caller's later
-  writes copy fewer shared pages. Forking is only safe while the process has no DuckDB
-  threads: a thread that holds a lock at the moment of the fork leaves it locked forever in the
-  child. The library threads that may exist then (the numpy/OpenBLAS, Arrow and polars pools) are
-  idle, and the helpers only run the parsers (msgspec, pyarrow, numpy), never DuckDB or polars; Arrow
-  and glibc malloc re-initialise their locks in a forked child. The pool forks all helpers on that
-  one call and never again.
+  millisecond, so even a run of a few 1 MB ranks is worth splitting; ``start`` imports the parser
+  and pandas first, see ``_PRELOAD``). ``trace-ingest`` calls it before it imports DuckDB, polars
+  and the loader: a smaller process forks faster and the caller's later writes copy fewer shared
+  pages. Forking is only safe while the process has no DuckDB threads: a thread that holds a lock at
+  the moment of the fork leaves it locked forever in the child. The library threads that may exist
+  then (the numpy/OpenBLAS and Arrow pools) are idle, and the helpers only run the parsers (msgspec,
+  pyarrow, numpy), never DuckDB or polars; Arrow and glibc malloc re-initialise their locks in a
+  forked child. The pool forks all helpers on that one call and never again.
 - otherwise (a library caller that already holds a connection) helpers come from a ``forkserver``
   on first need, which costs about a second of CPU to import the parser there: only runs of at
   least ``PARALLEL_MIN_BYTES`` use them.
@@ -73,10 +77,10 @@ process: starting fork-server helpers (about a second of CPU) would cost more th
 JSON per CPU second). Forked helpers (``ParserPool.start``) are used for any run of several files."""
 
 _PRELOAD = ["tracecal.ingest.kineto", "pandas"]
-"""Imported by a helper before its first file (once in the fork server, so helpers forked from it
-start warm; a helper forked from a caller that has not imported them yet imports them itself,
-meanwhile the caller opens its database). pandas: pyarrow imports it on its first ``pa.array()`` of
-Python objects (0.3 s of CPU) when it is installed."""
+"""Imported before helpers are made, so they start warm: by the caller before ``start`` forks (it
+needs them itself), once in the fork server otherwise. pandas: pyarrow imports it on its first
+``pa.array()`` of Python objects (0.15-0.3 s of CPU) when it is installed; imported later, every
+process would pay that on its first file."""
 
 _RUN, _NEXT, _SLOTS = 0, 1, 2
 """The shared counter (``RawArray`` of int64, guarded by one lock): the current run's number, the
@@ -148,6 +152,8 @@ class ParserPool:
         process (see the module docstring). No-op for one worker, or off Linux (macOS system libraries
         are not fork-safe; there the fork server is used)."""
         if self.workers > 1 and not self._helpers and sys.platform.startswith("linux"):
+            for module in _PRELOAD:  # this process needs them too: imported once, inherited
+                importlib.import_module(module)
             self._launch("fork")
             self._forked = True
         return self
@@ -346,8 +352,6 @@ class ParserPool:
 def _helper_main(slot: int, conn: Connection, lock: Any, state: Any, spool: str) -> None:
     """A helper process: for each run it is sent, parse the files it claims until none is left."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle (it stops us)
-    for module in _PRELOAD:  # inherited if the caller had them; else imported while it opens its database
-        importlib.import_module(module)
     _warm_up(Path(spool))
     names = itertools.count()
     while True:
