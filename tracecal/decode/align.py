@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from tracecal.decode.nesting import ENGINE
+
 
 def match_collectives(collectives: pl.DataFrame) -> pl.DataFrame:
     """``collectives`` (all ranks of a run) with ``match_id`` filled.
@@ -188,11 +190,15 @@ def best_iteration(iterations: pl.DataFrame) -> pl.DataFrame:
             schema={"iteration": pl.Int32, "dur_ns": pl.Int64, "slowest_rank": pl.Int32, "ranks": pl.UInt32}
         )
     n = iterations["rank"].n_unique()
-    per = iterations.group_by("iteration").agg(
-        pl.col("dur_ns").max().alias("dur_ns"),
-        pl.col("rank").sort_by("dur_ns", descending=True).first().alias("slowest_rank"),
-        pl.col("rank").n_unique().alias("ranks"),
+    per = (
+        iterations.lazy()
+        .group_by("iteration")
+        .agg(
+            pl.col("dur_ns").max().alias("dur_ns"),
+            pl.col("rank").sort_by("dur_ns", descending=True).first().alias("slowest_rank"),
+            pl.col("rank").n_unique().alias("ranks"),
+        )
     )
-    full = per.filter(pl.col("ranks") == n)
-    pool = full if full.height else per
-    return pool.sort("dur_ns", "iteration").head(1)
+    # one plan: the iterations on every rank when there is one, else all
+    full = pl.col("ranks") == n
+    return per.filter(full | ~full.any()).sort("dur_ns", "iteration").head(1).collect(engine=ENGINE)
