@@ -148,12 +148,14 @@ class ParserPool:
             self._spool = None
 
     def start(self) -> ParserPool:
-        """Fork the helper processes now; call it before opening any DuckDB connection in this
-        process (see the module docstring). No-op for one worker, or off Linux (macOS system libraries
-        are not fork-safe; there the fork server is used)."""
+        """Import the parser and pandas (``_PRELOAD``: this process needs them too, and so their
+        import is not part of the first run's time whatever the worker count), then fork the helper
+        processes; call it before opening any DuckDB connection in this process (see the module
+        docstring). Forks nothing for one worker, or off Linux (macOS system libraries are not
+        fork-safe; there the fork server is used)."""
+        for module in _PRELOAD:  # imported once here, inherited by the helpers
+            importlib.import_module(module)
         if self.workers > 1 and not self._helpers and sys.platform.startswith("linux"):
-            for module in _PRELOAD:  # this process needs them too: imported once, inherited
-                importlib.import_module(module)
             self._launch("fork")
             self._forked = True
         return self
