@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import importlib.abc
 import json
 import os
+import sys
 from collections import Counter
 from dataclasses import replace
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -229,3 +231,22 @@ def test_collective_args_on_newest_kernels(shared_db: Path) -> None:
     assert {r[2] for r in rows} == {"[0,1]"}
     assert {r[3] for r in rows} == {"default_pg"}
     assert process_groups == (True, 2)
+
+
+class _NoPandas(importlib.abc.MetaPathFinder):
+    """A machine without pandas: importing it fails."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name.partition(".")[0] == "pandas":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+
+def test_a_started_pool_needs_no_pandas(monkeypatch: pytest.MonkeyPatch) -> None:
+    """pandas is preloaded for pyarrow's sake when installed, never required: without it the pool
+    still starts and parses."""
+    monkeypatch.delitem(sys.modules, "pandas", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_NoPandas(), *sys.meta_path])
+    with pool.ParserPool(1).start() as parsers:
+        files = discover_run(KINETO / "sampled_2_of_128").files
+        parsed = [r for _, ranks in parsers.parse(files, "raise", []) for r in ranks]
+    assert sorted(r.rank for r in parsed) == [0, 1]

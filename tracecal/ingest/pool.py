@@ -81,6 +81,8 @@ _PRELOAD = ["tracecal.ingest.kineto", "pandas"]
 needs them itself), once in the fork server otherwise. pandas: pyarrow imports it on its first
 ``pa.array()`` of Python objects (0.15-0.3 s of CPU) when it is installed; imported later, every
 process would pay that on its first file."""
+_OPTIONAL_PRELOAD = frozenset({"pandas"})
+"""Preloaded only when installed: tracecal itself never needs pandas."""
 
 _RUN, _NEXT, _SLOTS = 0, 1, 2
 """The shared counter (``RawArray`` of int64, guarded by one lock): the current run's number, the
@@ -154,7 +156,11 @@ class ParserPool:
         docstring). Forks nothing for one worker, or off Linux (macOS system libraries are not
         fork-safe; there the fork server is used)."""
         for module in _PRELOAD:  # imported once here, inherited by the helpers
-            importlib.import_module(module)
+            try:
+                importlib.import_module(module)
+            except ImportError:
+                if module not in _OPTIONAL_PRELOAD:
+                    raise
         if self.workers > 1 and not self._helpers and sys.platform.startswith("linux"):
             self._launch("fork")
             self._forked = True
