@@ -247,7 +247,7 @@ def machine_ceiling(repeat: int = 3, n: int = 3_000_000) -> float:
 def compare(paths: list[Path], with_hta: bool, repeat: int = 1) -> None:
     header = (
         f"{'run':30s} {'case':11s} {'ranks':>5s} {'events':>7s} {'MB':>6s} {'load s':>7s} {'decode s':>8s} "
-        f"{'total s':>7s} {'CPU s':>12s} {'MB/s':>6s} {'main RSS':>8s} {'wkr RSS':>7s}  HTA ÷ this: "
+        f"{'+dec':>5s} {'total s':>7s} {'CPU s':>12s} {'MB/s':>6s} {'main RSS':>8s} {'wkr RSS':>7s}  HTA ÷ this: "
         "load, total, load CPU"
     )
     print(header)
@@ -266,14 +266,15 @@ def compare(paths: list[Path], with_hta: bool, repeat: int = 1) -> None:
             load = r.get("load", r["wall"])
             load_cpu = r.get("load_cpu", r["cpu"])
             decode = f"{r['decode']:8.2f}" if "decode" in r else ""
+            adds = f"{100 * r['decode'] / load:4.0f}%" if "decode" in r else ""
             cpu = f"{load_cpu:5.2f}/{r['cpu']:5.2f}" if "load_cpu" in r else f"{r['cpu']:5.2f}"
             ratio = ""
             if hta is not None and case != "hta":
                 ratio = f"{hta['wall'] / load:5.1f}x {hta['wall'] / r['wall']:5.1f}x {hta['cpu'] / load_cpu:5.1f}x"
             print(
                 f"{path.name[:30]:30s} {case:11s} {r['ranks']:5d} {r['events']:7d} {size / 1e6:6.1f} {load:7.2f} "
-                f"{decode:>8s} {r['wall']:7.2f} {cpu:>12s} {size / 1e6 / load:6.1f} {r['main_rss'] / 1e6:8.0f} "
-                f"{r['worker_rss'] / 1e6:7.0f}   {ratio}"
+                f"{decode:>8s} {adds:>5s} {r['wall']:7.2f} {cpu:>12s} {size / 1e6 / load:6.1f} "
+                f"{r['main_rss'] / 1e6:8.0f} {r['worker_rss'] / 1e6:7.0f}   {ratio}"
             )
         if hta_failure is not None:
             print(f"{path.name[:30]:30s} {'hta':11s} failed: {hta_failure[:110]}")
@@ -288,9 +289,9 @@ def compare(paths: list[Path], with_hta: bool, repeat: int = 1) -> None:
                 f"on this machine now: {machine_ceiling():.2f}x"
             )
     print(
-        "\nMB: uncompressed JSON. load s: parse + insert (HTA: TraceAnalysis). total s: open database + load + "
-        "decode + commit.\nCPU s: all processes, parse + load / total. MB/s: MB / load s. RSS: peak MB (10^6 "
-        "bytes) of the main process and of the largest worker."
+        "\nMB: uncompressed JSON. load s: parse + insert (HTA: TraceAnalysis). +dec: what decode adds to load s "
+        "(wall).\ntotal s: open database + load + decode + commit. CPU s: all processes, parse + load / total.\n"
+        "MB/s: MB / load s. RSS: peak MB (10^6 bytes) of the main process and of the largest worker."
     )
 
 
