@@ -111,3 +111,18 @@ def test_a_missing_view_or_another_fingerprint_remakes_the_schema(
     with open_database(db_path, read_only=True) as con:
         assert con.execute("SELECT count(*) FROM comm_summary").fetchone() == (0,)
     assert len(passes) == 3
+
+
+def test_a_schema_version_bump_is_refused_even_with_the_same_sql(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with open_database(db_path):
+        pass
+    monkeypatch.setattr(connection, "SCHEMA_VERSION", connection.SCHEMA_VERSION + 1)
+    connection.schema_fingerprint.cache_clear()
+    try:
+        with pytest.raises(SchemaError, match="schema version"), open_database(db_path):
+            pass
+    finally:
+        monkeypatch.undo()
+        connection.schema_fingerprint.cache_clear()

@@ -55,8 +55,9 @@ def view_files() -> list[Path]:
 
 @cache
 def schema_fingerprint() -> str:
-    """sha256 of every table DDL and view definition this tracecal ships (and the meta table's own)."""
-    digest = hashlib.sha256(_META_DDL.encode())
+    """sha256 of the schema version, every table DDL and view definition this tracecal ships and the
+    meta table's own: a version bump alone also takes the full path (and its version check)."""
+    digest = hashlib.sha256(f"{SCHEMA_VERSION}\0{_META_DDL}".encode())
     for path in [*table_ddl_files(), *view_files()]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
