@@ -12,10 +12,13 @@ and takes its next file the moment it finishes one, without waiting for the call
 parsing or inserting (no thread of the caller is involved: a reply is read by the caller's own thread
 between two of its files, or while it waits). A helper writes each parsed rank's events as an Arrow IPC
 stream into a spool file (``/dev/shm`` when it exists: memory, no disk) and sends only the file's name
-and the rank's small fields through its pipe, so it never blocks on a caller that is not reading; the
-caller maps the file (no copy, no unpickling of the columns) and deletes its name at once. A run
-abandoned early (an error in the caller) is stopped by the counter: no parser claims another of its
-files, and the replies still in flight are dropped when read.
+and the rank's small fields through its pipe, so it does not block on a caller that is not reading
+(unless the spool is full: then the table itself is pickled through the pipe); the caller maps the file
+(no copy, no unpickling of the columns) and deletes its name at once. A run given up early (an error in
+the caller: ``Parsing.close()``, started or not) is stopped by the counter: no parser claims another
+of its files, and the replies still in flight are dropped when read. One run is parsed at a time.
+Spool directories carry the pool process's pid; one left by a killed process is deleted by the next
+pool that starts.
 
 A new helper parses a small synthetic trace once (``_warm_up``) before it waits for work: a
 process's first parse pays one-time costs, which otherwise made a helper's first file about twice as
@@ -68,8 +71,31 @@ from tracecal.ingest.parse import parse_trace_file
 from tracecal.ingest.trace import ParsedRank
 
 OnError = Literal["raise", "skip"]
-Parsing = Generator[tuple[TraceFile, list[ParsedRank]], None, None]
-"""Parsed files in completion order (``ParserPool.parse``); ``close()`` it to give up the run."""
+_Parsed = Generator[tuple[TraceFile, list[ParsedRank]], None, None]
+
+
+class Parsing:
+    """The parsed files of one run in completion order (``ParserPool.parse``). ``close()`` gives up
+    the run: no parser claims another of its files, whether iteration has started or not (a
+    generator that never started would not run its ``finally``)."""
+
+    def __init__(self, parsed: _Parsed, stop: Callable[[], None] | None = None) -> None:
+        self._parsed = parsed
+        self._stop = stop
+
+    def __iter__(self) -> Parsing:
+        return self
+
+    def __next__(self) -> tuple[TraceFile, list[ParsedRank]]:
+        return next(self._parsed)
+
+    def close(self) -> None:
+        try:
+            self._parsed.close()
+        finally:
+            if self._stop is not None:
+                self._stop()
+
 
 PARALLEL_MIN_BYTES = 64 * 2**20
 """Below this much uncompressed trace in a run, a pool without forked helpers parses in the calling
@@ -89,6 +115,12 @@ _RUN, _NEXT, _SLOTS = 0, 1, 2
 index of its next unclaimed file, then per helper the index of the file it is parsing (-1: none)."""
 
 _STOPPED = 2**62
+
+_CLOSE_SECONDS = 1.0
+"""How long ``close`` waits for an idle helper to leave before terminating it."""
+
+_SPOOL_PREFIX = "tracecal-parse-"
+"""Spool directories are named ``tracecal-parse-<pid of the pool's process>-<random>``."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +155,7 @@ class ParserPool:
         self._state: Any = None
         self._spool: Path | None = None
         self._run = 0
+        self._active: int | None = None  # the run being parsed (dispatched, not yet stopped)
         self._broken: str | None = None
 
     def __enter__(self) -> ParserPool:
@@ -132,8 +165,11 @@ class ParserPool:
         self.close()
 
     def close(self) -> None:
-        """Stop the helpers (one still parsing a file of an abandoned run is terminated) and delete
-        the spool directory."""
+        """Stop the helpers and delete the spool directory: the current run (if any) is stopped
+        first, so no helper claims another file; one still parsing a file is terminated, and one
+        that has not left within ``_CLOSE_SECONDS`` (e.g. still warming up) too."""
+        if self._active is not None:
+            self._stop(self._active)
         helpers, self._helpers = self._helpers, []
         for index, helper in enumerate(helpers):
             busy = self._state is not None and self._state[_SLOTS + index] >= 0
@@ -143,7 +179,10 @@ class ParserPool:
                 with contextlib.suppress(OSError):
                     helper.conn.send(None)
         for helper in helpers:
-            helper.process.join()
+            helper.process.join(_CLOSE_SECONDS)
+            if helper.process.is_alive():
+                helper.process.terminate()
+                helper.process.join()
             helper.conn.close()
         if self._spool is not None:
             shutil.rmtree(self._spool, ignore_errors=True)
@@ -172,7 +211,8 @@ class ParserPool:
             context.set_forkserver_preload(_PRELOAD)
         shm = Path("/dev/shm")
         parent = str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
-        self._spool = Path(tempfile.mkdtemp(prefix="tracecal-parse-", dir=parent))
+        _remove_stale_spools(Path(parent or tempfile.gettempdir()))
+        self._spool = Path(tempfile.mkdtemp(prefix=f"{_SPOOL_PREFIX}{os.getpid()}-", dir=parent))
         weakref.finalize(self, shutil.rmtree, self._spool, True)  # also if the pool is never closed
         self._lock = context.Lock()
         self._state = context.RawArray("q", _SLOTS + self.workers - 1)
@@ -217,15 +257,17 @@ class ParserPool:
         """
         small = not self._forked and sum(f.content_bytes for f in files) < PARALLEL_MIN_BYTES
         if self.workers == 1 or len(files) == 1 or small:
-            return self._parse_all_here(files, on_error, skipped)
+            return Parsing(self._parse_all_here(files, on_error, skipped))
         if self._broken is not None:
             raise WorkerError(self._broken)
+        if self._active is not None:  # its iterator would wait for replies the helpers never send
+            raise RuntimeError("ParserPool parses one run at a time: close() the previous run's Parsing first")
         if not self._helpers:
             self._launch("forkserver")
         run = self._dispatch(files)
-        return self._parse_shared(run, files, on_error, skipped, idle)
+        return Parsing(self._parse_shared(run, files, on_error, skipped, idle), stop=lambda: self._stop(run))
 
-    def _parse_all_here(self, files: Sequence[TraceFile], on_error: OnError, skipped: list[Skipped]) -> Parsing:
+    def _parse_all_here(self, files: Sequence[TraceFile], on_error: OnError, skipped: list[Skipped]) -> _Parsed:
         for trace_file in files:
             yield trace_file, self._parse_here(trace_file, on_error, skipped)
 
@@ -244,6 +286,7 @@ class ParserPool:
         with self._lock:
             self._run = int(self._state[_RUN]) + 1
             self._state[_RUN], self._state[_NEXT] = self._run, 0
+        self._active = self._run
         paths = [f.path for f in files]
         for helper in self._helpers:
             try:
@@ -265,9 +308,12 @@ class ParserPool:
         return max(0, total - int(self._state[_NEXT]))
 
     def _stop(self, run: int) -> None:
+        """No parser claims another file of ``run`` (finished or given up); the pool is free again."""
         with self._lock:
             if self._state[_RUN] == run:
                 self._state[_NEXT] = _STOPPED
+        if self._active == run:
+            self._active = None
 
     def _parse_shared(
         self,
@@ -276,7 +322,7 @@ class ParserPool:
         on_error: OnError,
         skipped: list[Skipped],
         idle: Callable[[], object] | None,
-    ) -> Parsing:
+    ) -> _Parsed:
         """Between two of its own files this process yields every helper result that has arrived;
         when no file is left to claim it waits for the helpers' last ones (calling ``idle`` first).
         The helpers never wait for this process: they claim files themselves."""
@@ -355,6 +401,21 @@ class ParserPool:
         where = f"{files[index].path}: " if 0 <= index < len(files) else ""
         self._broken = f"{where}a parser process died (out of memory?); retry with fewer --workers"
         raise WorkerError(self._broken)
+
+
+def _remove_stale_spools(parent: Path) -> None:
+    """Delete spool directories left by pool processes that no longer exist (killed before they
+    could clean up: in ``/dev/shm`` they would hold memory until the next boot)."""
+    for spool in parent.glob(f"{_SPOOL_PREFIX}*-*"):
+        pid = spool.name.removeprefix(_SPOOL_PREFIX).partition("-")[0]
+        if not pid.isdigit():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(spool, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
 
 
 def _helper_main(slot: int, conn: Connection, lock: Any, state: Any, spool: str) -> None:

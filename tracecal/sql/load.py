@@ -195,8 +195,10 @@ def _ingest_run(
     stored = _StoredRanks(con, run_id, len(run.files))
     # Helper processes start on the files now, while this process opens the transaction.
     parsing = pool.parse(run.files, options.on_error, skipped, idle=stored.flush)
-    con.execute("BEGIN TRANSACTION")
+    began = False
     try:
+        con.execute("BEGIN TRANSACTION")
+        began = True
         # Step 1: re-ingest replaces — the run's rows go from every run-keyed table.
         _delete_run(con, run_id)
 
@@ -234,10 +236,11 @@ def _ingest_run(
         con.execute("UPDATE runs SET ingest_seconds = ? WHERE run_id = ?", [seconds, run_id])
         con.execute("COMMIT")
     except BaseException:
-        con.execute("ROLLBACK")
+        if began:
+            con.execute("ROLLBACK")
         raise
     finally:
-        parsing.close()  # after an error: the helpers take no more of this run's files
+        parsing.close()  # after an error (even before the first file): the helpers take no more of this run's files
     return RunReport(
         run_id=run_id,
         source_path=run.run_dir,

@@ -1,0 +1,105 @@
+"""The parser pool's life cycle: giving up a run, one run at a time, a helper that dies, stale spools."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import KINETO
+from tracecal.errors import WorkerError
+from tracecal.ingest import pool
+from tracecal.ingest.discover import discover_run
+from tracecal.ingest.parse import parse_trace_file
+from tracecal.ingest.trace import ParsedRank
+
+FILES = discover_run(KINETO / "dlrm_8rank").files
+TEST_PID = os.getpid()
+
+
+def _is_warm_up(path: Path) -> bool:
+    return Path(path).name.startswith("warm-up")
+
+
+def test_a_run_given_up_before_its_first_file_stops_the_helpers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Parsing.close()`` on an iterator never started still stops the run: the helper finishes the
+    file it holds and claims no other (a generator that never started would not run its finally)."""
+    log = tmp_path / "parsed.log"
+
+    def slow_parse(path: Path) -> list[ParsedRank]:
+        if not _is_warm_up(path):
+            with log.open("a") as out:
+                out.write(f"{Path(path).name}\n")
+        time.sleep(0.3)
+        return parse_trace_file(path)
+
+    monkeypatch.setattr(pool, "parse_trace_file", slow_parse)  # inherited by the forked helper
+    parsers = pool.ParserPool(2).start()
+    try:
+        parsing = parsers.parse(FILES, "raise", [])
+        time.sleep(0.5)  # the helper warms up and takes its first file
+        parsing.close()
+        time.sleep(1.0)  # unstopped, the helper would have taken three more files by now
+        taken = log.read_text().splitlines() if log.exists() else []
+    finally:
+        started = time.perf_counter()
+        parsers.close()
+        closing = time.perf_counter() - started
+    assert len(taken) <= 2, taken
+    assert closing < 1.0
+
+
+def test_the_pool_parses_one_run_at_a_time() -> None:
+    with pool.ParserPool(2).start() as parsers:
+        first = parsers.parse(FILES, "raise", [])
+        with pytest.raises(RuntimeError, match="one run at a time"):
+            parsers.parse(FILES, "raise", [])
+        first.close()
+        again = parsers.parse(FILES, "raise", [])
+        assert sorted(f.path.name for f, _ in again) == sorted(f.path.name for f in FILES)
+        again.close()
+
+
+def test_a_helper_that_dies_is_one_error_and_the_pool_takes_no_more_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    def fatal_in_helper(path: Path) -> list[ParsedRank]:
+        if os.getpid() != TEST_PID and not _is_warm_up(path):
+            os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
+        time.sleep(0.1)  # this process is slow, so the helper surely takes a file
+        return parse_trace_file(path)
+
+    monkeypatch.setattr(pool, "parse_trace_file", fatal_in_helper)
+    with pool.ParserPool(2).start() as parsers:
+        with pytest.raises(WorkerError, match="parser process died"):
+            list(parsers.parse(FILES, "raise", []))
+        with pytest.raises(WorkerError, match="parser process died"):
+            parsers.parse(FILES, "raise", [])
+
+
+def test_a_spool_left_by_a_dead_process_is_removed_and_a_live_one_kept() -> None:
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    shm = Path("/dev/shm")
+    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
+    stale = parent / f"{pool._SPOOL_PREFIX}{gone.pid}-left-by-a-test"
+    live = parent / f"{pool._SPOOL_PREFIX}{os.getpid()}-kept-by-a-test"
+    for spool in (stale, live):
+        spool.mkdir()
+        (spool / "0-0.arrows").write_bytes(b"rank")
+    try:
+        with pool.ParserPool(2).start():
+            pass
+        assert not stale.exists()
+        assert (live / "0-0.arrows").exists()
+    finally:
+        for spool in (stale, live):
+            for f in spool.glob("*"):
+                f.unlink()
+            if spool.exists():
+                spool.rmdir()
