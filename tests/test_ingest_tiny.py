@@ -345,3 +345,24 @@ def test_inflated_traces_are_the_bytes_gzip_gives() -> None:
     """``read_trace_bytes`` inflates with ISA-L when it is installed: the same bytes as the standard library."""
     for path in [*sorted((KINETO / "single").glob("*.gz")), next((KINETO / "dlrm_8rank").glob("*.gz"))]:
         assert read_trace_bytes(path) == gzip.decompress(path.read_bytes()), path
+
+
+def test_chunked_conversion_matches_one_batch_and_reads_both_dims_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Columns do not depend on where the 4 096-event chunks fall: a writer that switches from the
+    2021 ``Input dims`` key to ``Input Dims`` keeps every row's dims, and ids written as text read the
+    same in an all-text chunk as beside integers."""
+    events = []
+    for i in range(40):
+        key = "Input dims" if i < 25 else "Input Dims"
+        tid = [str(i), "-3", " 8", "stream 7"][i % 4] if i < 20 else i  # text first, integers after
+        events.append({"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": tid, "ts": i, "dur": 1,
+                       "args": {key: [[i, 2], [2, 2]]}})  # fmt: skip
+    path = _write(tmp_path / "t.json", events)
+    whole = _rows(path)
+    monkeypatch.setattr(kineto, "CHUNK_EVENTS", 8)
+    chunked = _rows(path)
+    assert chunked == whole
+    assert [r["input_dims"] for r in whole] == [f"[[{i},2],[2,2]]" for i in range(40)]
+    assert [r["tid"] for r in whole[:4]] == [0, -3, None, None]

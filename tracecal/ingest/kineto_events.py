@@ -256,8 +256,9 @@ def events_to_batch(
     dims, input_types, concrete_inputs, grid, block = core.raw(
         "input_dims", "input_types", "concrete_inputs", "grid", "block"
     )
-    if dims.null_count == n:  # 2021 traces say "Input dims"
-        (dims,) = core.raw("input_dims_2021")
+    if dims.null_count:  # 2021 traces say "Input dims"; row by row, so a chunk's mix cannot matter
+        (dims_2021,) = core.raw("input_dims_2021")
+        dims = dims_2021 if dims.null_count == n else _coalesce(dims, dims_2021)
     columns: dict[str, pa.Array] = {
         "run_id": pa.nulls(n, pa.string()),
         "rank": pa.nulls(n, pa.int32()),
@@ -422,6 +423,10 @@ def _pick(items: Sequence[Any], indices: Sequence[int]) -> list[Any]:
 
 _INT64_RANGE = (-(2**63), 2**63 - 1)
 
+_DECIMAL = re.compile(r"^-?[0-9]+$")
+"""An integer written as text: ASCII digits with an optional minus (not Python's ``int()``, which also
+takes spaces, underscores and other scripts' digits); both ``_ints`` paths read text by it."""
+
 
 def _int_or_none(value: int | float | str | None) -> int | None:
     """An int64 written as int, integral float or decimal string; anything else is None.
@@ -429,10 +434,9 @@ def _int_or_none(value: int | float | str | None) -> int | None:
     2021 traces write thread ids as strings of digits (GPU rows as "stream 7"), ROCm traces write
     some byte counts as strings."""
     if isinstance(value, str):
-        try:
-            value = int(value)
-        except ValueError:
+        if not _DECIMAL.fullmatch(value):  # as the all-string path in ``_ints`` reads them
             return None
+        value = int(value)
     elif isinstance(value, float):
         value = int(value) if value.is_integer() else None
     if type(value) is not int or not _INT64_RANGE[0] <= value <= _INT64_RANGE[1]:
@@ -454,7 +458,7 @@ def _ints(values: Sequence[Any], type_: pa.DataType = _INT64) -> pa.Array:
     if inferred is not None and (pa.types.is_integer(inferred.type) or pa.types.is_null(inferred.type)):
         column = inferred.cast(_INT64)
     elif inferred is not None and pa.types.is_string(inferred.type):
-        digits = pc.fill_null(pc.utf8_is_digit(inferred), False)
+        digits = pc.fill_null(pc.match_substring_regex(inferred, _DECIMAL.pattern), False)
         with contextlib.suppress(pa.ArrowInvalid):  # beyond int64: the per-value path below
             column = pc.if_else(digits, pc.if_else(digits, inferred, "0").cast(_INT64), None)
     if column is None:  # mixed types (a 2024 trace's pid "Spans" among ints): few distinct values
