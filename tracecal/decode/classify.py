@@ -111,19 +111,15 @@ def _evidence(events: pl.DataFrame, pts: pl.DataFrame, names: NameIndex | None) 
     return pl.DataFrame({"qid": pts.get_column("qid"), **flags}).lazy()
 
 
-def assign_phases(events: pl.DataFrame, operators: pl.DataFrame, names: NameIndex | None = None) -> pl.DataFrame:
-    """``operators`` plus ``phase`` (fwd, bwd, optimizer, other) and ``phase_evidence``.
+def phases_plan(events: pl.DataFrame, operators: pl.DataFrame, names: NameIndex | None = None) -> pl.LazyFrame:
+    """``operators`` plus ``phase`` (fwd, bwd, optimizer, other) and ``phase_evidence``, as a lazy
+    plan for the caller to finish in its own plan (one collect less).
 
     Args:
         events: the rank's events with ``end_ns``.
         operators: frame with rank, uid, cpu_pid, cpu_tid, launch_ns, cpu_op_name, cpu_fwd_thread_id,
             iteration (one or more ranks).
     """
-    return phases_plan(events, operators, names).collect(engine=ENGINE)
-
-
-def phases_plan(events: pl.DataFrame, operators: pl.DataFrame, names: NameIndex | None = None) -> pl.LazyFrame:
-    """``assign_phases`` as a lazy plan, for a caller to finish in its own plan (one collect less)."""
     pts = operators.filter(pl.col("launch_ns").is_not_null()).select(
         "rank",
         pl.col("cpu_pid").alias("pid"),

@@ -215,8 +215,6 @@ CONTEXT_PATTERNS = (
     *nccl_api.NAME_PATTERNS,
 )
 """The name regexes of the instances' context: only asked for when the batch has instances."""
-NAME_PATTERNS = (*INSTANCE_PATTERNS, *CONTEXT_PATTERNS)
-"""The name regexes this module (and ``nccl_api``) matches (``NameIndex`` matches them together)."""
 
 
 def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | None) -> pl.DataFrame:

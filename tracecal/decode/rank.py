@@ -28,8 +28,6 @@ DECODE_COLUMNS = (
     "src_rank", "dst_rank",
 )  # fmt: skip
 """The ``events`` columns decoding reads (the others are not needed: reading them back costs time)."""
-NAME_PATTERNS = (*link.NAME_PATTERNS, *classify.NAME_PATTERNS, *collectives.NAME_PATTERNS)
-"""Every name regex of the decode steps, matched together against a batch's distinct names."""
 
 
 @dataclass(frozen=True)

@@ -567,12 +567,12 @@ def _json_texts(columns: Sequence[Sequence[msgspec.Raw]]) -> list[pa.Array]:
     values.append(b"")  # the last value's terminator
     data = b"\0".join(values)
     ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == 0)
-    if len(ends) != total:  # a NUL inside a value (cannot come from the decoder; kept for any caller)
-        return _json_texts_by_length(columns)
+    if len(ends) != total:  # raw JSON values hold no NUL byte (msgspec rejects one): a decoder change
+        raise TraceFormatError("a raw JSON argument value holds a NUL byte; please report this trace")
     offsets = np.empty(total + 1, dtype=np.int64)
     offsets[0] = 0
     np.add(ends, 1, out=offsets[1:])
-    combined = _text_dictionary(data, offsets, terminated=True)
+    combined = _text_dictionary(data, offsets)
     start = 0
     for i, result in enumerate(results):
         if result is None:
@@ -582,34 +582,21 @@ def _json_texts(columns: Sequence[Sequence[msgspec.Raw]]) -> list[pa.Array]:
     return cast("list[pa.Array]", results)
 
 
-def _json_texts_by_length(columns: Sequence[Sequence[msgspec.Raw]]) -> list[pa.Array]:
-    """``_json_texts`` for values that may hold NUL bytes: each column on its own, lengths by ``len``."""
-    results = []
-    for raws in columns:
-        offsets = np.zeros(len(raws) + 1, dtype=np.int64)
-        np.cumsum(np.fromiter(map(len, raws), dtype=np.int64, count=len(raws)), out=offsets[1:])
-        results.append(_text_dictionary(b"".join(raws), offsets, terminated=False))
-    return results
-
-
-def _text_dictionary(data: bytes, offsets: np.ndarray, terminated: bool) -> pa.DictionaryArray:
-    """The raw JSON values ``data[offsets[i]:offsets[i + 1]]`` (``terminated``: each ending in a NUL
-    byte that is not part of it) as dictionary-encoded compact JSON text, null for an empty value."""
+def _text_dictionary(data: bytes, offsets: np.ndarray) -> pa.DictionaryArray:
+    """The raw JSON values ``data[offsets[i]:offsets[i + 1]]``, each ending in a NUL byte that is not
+    part of it, as dictionary-encoded compact JSON text, null for an empty value."""
     binary = pa.Array.from_buffers(
         pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
     )
     encoded = binary.dictionary_encode()
     distinct = encoded.dictionary.to_pylist()
-    if not terminated:
-        text = [_canonical_json(value) for value in distinct]
-    else:  # the cache's keys keep their terminator
-        text = list(map(_CANONICAL.get, distinct, repeat(_UNSEEN)))
-        if _UNSEEN in text:
-            if len(_CANONICAL) > _CANONICAL_LIMIT:
-                _CANONICAL.clear()
-            for i, value in enumerate(distinct):
-                if text[i] is _UNSEEN:
-                    text[i] = _CANONICAL[value] = _canonical_json(value[:-1])
+    text = list(map(_CANONICAL.get, distinct, repeat(_UNSEEN)))  # the cache's keys keep their terminator
+    if _UNSEEN in text:
+        if len(_CANONICAL) > _CANONICAL_LIMIT:
+            _CANONICAL.clear()
+        for i, value in enumerate(distinct):
+            if text[i] is _UNSEEN:
+                text[i] = _CANONICAL[value] = _canonical_json(value[:-1])
     codes = pa.array([None if t is None else i for i, t in enumerate(text)], pa.int32())
     return pa.DictionaryArray.from_arrays(codes.take(encoded.indices), pa.array([t or "" for t in text], pa.string()))
 
@@ -619,7 +606,8 @@ _CANONICAL: dict[bytes, Any] = {}
 """Compact text (or None) of every distinct raw JSON value seen, keyed with its NUL terminator: the ranks
 of a run share most shapes."""
 _CANONICAL_LIMIT = 50_000
-"""Values remembered at most (then all forgotten at once): about 10 MB."""
+"""Values remembered at most (then all forgotten at once), per process: a value is one distinct JSON
+arg text, tens of bytes for dims and types, up to a few KB for long Concrete Inputs."""
 
 
 _INT_LIST_BYTES = b"0123456789[]," + b" \t\n\r\x0b\x0c"
