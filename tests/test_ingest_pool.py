@@ -7,6 +7,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,23 @@ def test_a_spool_left_by_a_dead_process_is_removed_and_a_live_one_kept() -> None
                 f.unlink()
             if spool.exists():
                 spool.rmdir()
+
+
+def test_ranks_come_through_the_pipe_when_the_spool_cannot_be_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_space(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    def slow_here(path: Path) -> list[ParsedRank]:
+        if os.getpid() == TEST_PID:
+            time.sleep(0.05)  # so the helper surely takes files
+        return [replace(r, metadata={**r.metadata, "parsed_by": os.getpid()}) for r in parse_trace_file(path)]
+
+    monkeypatch.setattr(pool.pa, "OSFile", no_space)  # inherited by the forked helper
+    monkeypatch.setattr(pool, "parse_trace_file", slow_here)
+    with pool.ParserPool(2).start() as parsers:
+        parsed = {f.path: ranks for f, ranks in parsers.parse(FILES, "raise", [])}
+    assert {r.metadata["parsed_by"] for ranks in parsed.values() for r in ranks} - {TEST_PID}  # helper-shipped
+    monkeypatch.undo()
+    for path, ranks in parsed.items():
+        (direct,) = parse_trace_file(path)
+        assert [r.events.equals(direct.events) for r in ranks] == [True], path.name

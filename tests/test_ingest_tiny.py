@@ -347,6 +347,18 @@ def test_inflated_traces_are_the_bytes_gzip_gives() -> None:
         assert read_trace_bytes(path) == gzip.decompress(path.read_bytes()), path
 
 
+def test_a_gzip_of_several_members_or_with_trailing_bytes_is_inflated_as_gzip_does(tmp_path: Path) -> None:
+    """One-member files take one raw inflate call; anything else the general reader, same bytes."""
+    document = json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1}]}).encode()
+    half = len(document) // 2
+    members = tmp_path / "members.json.gz"
+    members.write_bytes(gzip.compress(document[:half]) + gzip.compress(document[half:]))
+    padded = tmp_path / "padded.json.gz"
+    padded.write_bytes(gzip.compress(document) + b"\0" * 16)
+    for path in (members, padded):
+        assert read_trace_bytes(path) == gzip.decompress(path.read_bytes()) == document, path.name
+
+
 def test_chunked_conversion_matches_one_batch_and_reads_both_dims_keys(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
