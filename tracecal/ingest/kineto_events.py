@@ -253,12 +253,10 @@ def events_to_batch(
         stream = _narrow(pc.if_else(is_gpu, pc.coalesce(core.ints("stream"), tid), None), pa.int32())
     else:  # a CPU-only trace: device and stream are for GPU activities only
         device = stream = pa.nulls(n, pa.int32())
-    dims, input_types, concrete_inputs, grid, block = core.raw(
-        "input_dims", "input_types", "concrete_inputs", "grid", "block"
+    dims, dims_2021, input_types, concrete_inputs, grid, block = core.raw(
+        "input_dims", "input_dims_2021", "input_types", "concrete_inputs", "grid", "block"
     )
-    if dims.null_count:  # 2021 traces say "Input dims"; row by row, so a chunk's mix cannot matter
-        (dims_2021,) = core.raw("input_dims_2021")
-        dims = dims_2021 if dims.null_count == n else _coalesce(dims, dims_2021)
+    dims = _coalesce(dims, dims_2021)  # 2021 traces say "Input dims"; row by row, whatever a chunk holds
     columns: dict[str, pa.Array] = {
         "run_id": pa.nulls(n, pa.string()),
         "rank": pa.nulls(n, pa.int32()),
