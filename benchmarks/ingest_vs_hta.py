@@ -6,10 +6,11 @@
     python benchmarks/ingest_vs_hta.py --stress --size-gb 1.0      # synthetic >= 1 GB rank from a real trace
 
 For each run (a directory of rank traces, or one trace file), each case runs in a fresh Python
-process (imports excluded from the timing) while a sampler thread records the RSS of the process
-and of its worker processes every 10 ms:
+process (imports excluded from the timing); CPU time and peak RSS come from the kernel's accounting
+(``getrusage``, ``/proc``), so that measuring adds nothing to the measured process (see ``_Usage``):
 - ``tracecal -j1``: ``ingest_runs`` with one worker into a new database — parse + load, then the
-  decode step (operators, collectives, iterations) reported separately;
+  decode step (operators, collectives, iterations) reported separately; as in ``trace-ingest``, the
+  helpers (``-j2``) are forked before DuckDB and polars are imported;
 - ``tracecal -j2``: the same with two worker processes (runs with several files only);
 - ``HTA``: ``TraceAnalysis(trace_dir=...)`` on a directory of links to the same files (HTA parses
   several ranks with a process pool of min(cores, ranks)).
@@ -27,13 +28,16 @@ import contextlib
 import gzip
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 SHARED_KINETO = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "kineto"
 STRESS_SOURCE = SHARED_KINETO / "single" / "a100_ddp_rank0_of_2.json.gz"
@@ -44,89 +48,86 @@ SCALING_SOURCE = SHARED_KINETO / "single" / "v100_resnet50_2021_schema.pt.trace.
 
 
 class _Usage:
-    """Peak RSS of this process and of its largest descendant, and CPU seconds of the whole process
-    tree, sampled every 10 ms (CPU time is the fair figure on a shared, loaded machine)."""
+    """CPU seconds and peak RSS from the kernel's own accounting, so that measuring costs the measured
+    code nothing: no sampler thread (one that polled the process tree every 10 ms took ~1 ms of CPU and
+    the GIL per sample on this machine, a tenth of the core the one-worker case runs on).
+
+    - this process: ``getrusage(RUSAGE_SELF)`` (user + system CPU, peak RSS ``ru_maxrss``);
+    - finished workers: ``getrusage(RUSAGE_CHILDREN)`` (CPU of every reaped descendant, peak RSS of the
+      largest), read after the pool is closed (tracecal's helpers, HTA's process pool);
+    - live workers at a mark (tracecal's helpers while decode starts): their CPU from ``/proc``, read once.
+    """
 
     def __init__(self) -> None:
-        import psutil
+        self._self_at_start = self._self_cpu()
+        self._children_at_start = self._children_cpu()
 
-        self.process = psutil.Process()
-        self.main_peak = 0
-        self.worker_peak = 0
-        self._child_cpu: dict[int, float] = {}
-        self._own_cpu = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+    @staticmethod
+    def _self_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
 
-    def _run(self) -> None:
-        import psutil
+    @staticmethod
+    def _children_cpu() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
 
-        while not self._stop.is_set():
-            self.main_peak = max(self.main_peak, self.process.memory_info().rss)
-            for child in self.process.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    self.worker_peak = max(self.worker_peak, child.memory_info().rss)
-                    times = child.cpu_times()
-                    self._child_cpu[child.pid] = times.user + times.system
-            self._own_cpu = time.thread_time()
-            self._stop.wait(0.01)
+    def cpu_seconds(self, live_pids: Sequence[int] = ()) -> float:
+        """CPU of this process and its workers since start: reaped ones, and ``live_pids`` as they are now."""
+        live = 0.0
+        for pid in live_pids:
+            with contextlib.suppress(psutil.Error):
+                times = psutil.Process(pid).cpu_times()
+                live += times.user + times.system
+        return self._self_cpu() - self._self_at_start + self._children_cpu() - self._children_at_start + live
 
-    @property
-    def cpu_seconds(self) -> float:
-        """CPU of the process tree since start, less the sampler thread's own."""
-        times = self.process.cpu_times()
-        return times.user + times.system + sum(self._child_cpu.values()) - self._cpu_at_start - self._own_cpu
+    @staticmethod
+    def main_peak() -> int:
+        """Peak RSS of this process so far, bytes (Linux reports KiB)."""
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
-    def __enter__(self) -> _Usage:
-        times = self.process.cpu_times()
-        self._cpu_at_start = times.user + times.system
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+    @staticmethod
+    def worker_peak() -> int:
+        """Peak RSS of the largest reaped worker, bytes (0 when there was none)."""
+        return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 
 
 def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
     import importlib
 
+    # As trace-ingest does: the parser (and pandas, which pyarrow imports on first use) first, the
+    # helpers forked from that smaller process, then DuckDB, polars and the loader (untimed imports).
     from tracecal.ingest.pool import ParserPool
-    from tracecal.sql.connection import open_database
-    from tracecal.sql.load import IngestOptions, ingest_runs
 
-    for module in (
-        "tracecal.ingest.kineto",
-        "tracecal.sql.decoding",
-        "polars",
-        "pyarrow.compute",
-        "pandas",
-        "pyarrow.pandas_compat",  # pyarrow imports these two on its first pa.array() of Python objects
-        "pyarrow.vendored.version",
-    ):
+    for module in ("tracecal.ingest.kineto", "pandas", "pyarrow.pandas_compat", "pyarrow.vendored.version"):
         importlib.import_module(module)  # imported before timing, as HTA's are
-
+    usage = _Usage()
+    started = time.perf_counter()
+    pool = ParserPool(workers)
+    if run.is_dir():
+        pool.start()
+    fork_wall, fork_cpu = time.perf_counter() - started, usage.cpu_seconds(pool.helper_pids)
+    importing = time.perf_counter(), usage.cpu_seconds()  # this process only: the helpers warm up meanwhile
+    for module in ("tracecal.sql.decoding", "tracecal.sql.connection", "tracecal.sql.load", "polars"):
+        importlib.import_module(module)
     from tracecal.sql import load
+    from tracecal.sql.connection import open_database
 
+    import_wall, import_cpu = time.perf_counter() - importing[0], usage.cpu_seconds() - importing[1]
     decode_stored_run = load.decode_stored_run
-    with tempfile.TemporaryDirectory() as tmp, _Usage() as usage:
-        started = time.perf_counter()
-        marks: list[tuple[float, int]] = []  # (CPU s, peak RSS so far) when open, and when decoding starts
+    marks: list[tuple[float, int]] = []  # (CPU s, peak RSS so far) when open, and when decoding starts
 
-        def mark_then_decode(*args: Any, **kwargs: Any) -> Any:
-            marks.append((usage.cpu_seconds, usage.main_peak))  # parse + load (every insert) done
-            return decode_stored_run(*args, **kwargs)
+    def mark_then_decode(*args: Any, **kwargs: Any) -> Any:
+        marks.append((usage.cpu_seconds(pool.helper_pids), usage.main_peak()))  # parse + load (every insert) done
+        return decode_stored_run(*args, **kwargs)
 
-        load.decode_stored_run = mark_then_decode  # type: ignore[assignment]
-        pool = ParserPool(workers)
-        forked_at = (time.perf_counter(), usage.cpu_seconds)
-        if run.is_dir():
-            pool.start()  # as trace-ingest does: helpers forked before the database is opened
-        fork_wall, fork_cpu = time.perf_counter() - forked_at[0], usage.cpu_seconds - forked_at[1]
+    load.decode_stored_run = mark_then_decode
+    with tempfile.TemporaryDirectory() as tmp:
         with pool, open_database(Path(tmp) / "bench.duckdb") as con:
-            marks.append((usage.cpu_seconds, usage.main_peak))
-            report = ingest_runs(con, [run], IngestOptions(workers=workers), pool=pool)
-        wall = time.perf_counter() - started
+            marks.append((usage.cpu_seconds(pool.helper_pids), usage.main_peak()))
+            report = load.ingest_runs(con, [run], load.IngestOptions(workers=workers), pool=pool)
+        wall = time.perf_counter() - started - import_wall
+        cpu = usage.cpu_seconds() - import_cpu  # the helpers are reaped now
     (result,) = report.runs
     return {
         "wall": wall,
@@ -135,11 +136,11 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
         "events": result.events,
         "ranks": result.ranks,
         "source_bytes": result.source_bytes,
-        "cpu": usage.cpu_seconds,
+        "cpu": cpu,
         "load_cpu": marks[-1][0] - marks[0][0] + fork_cpu,
         "load_rss": marks[-1][1],
-        "main_rss": usage.main_peak,
-        "worker_rss": usage.worker_peak,
+        "main_rss": usage.main_peak(),
+        "worker_rss": usage.worker_peak(),
     }
 
 
@@ -149,20 +150,22 @@ def _measure_hta(run: Path) -> dict[str, Any]:
     from hta.trace_analysis import TraceAnalysis
 
     logging.disable(logging.INFO)
-    with tempfile.TemporaryDirectory() as tmp, _Usage() as usage:
+    with tempfile.TemporaryDirectory() as tmp:
         for i, f in enumerate(_trace_files(run)):  # HTA reads every *.json / *.gz of one directory
             os.symlink(f, Path(tmp) / f"{i}_{f.name}")
+        usage = _Usage()
         started = time.perf_counter()
         analysis = TraceAnalysis(trace_dir=tmp)
         wall = time.perf_counter() - started
+        cpu = usage.cpu_seconds()  # HTA's pool (if any) is closed and reaped by now
         events = sum(len(df) for df in analysis.t.traces.values())
     return {
         "wall": wall,
         "events": events,
         "ranks": len(analysis.t.traces),
-        "cpu": usage.cpu_seconds,
-        "main_rss": usage.main_peak,
-        "worker_rss": usage.worker_peak,
+        "cpu": cpu,
+        "main_rss": usage.main_peak(),
+        "worker_rss": usage.worker_peak(),
     }
 
 

@@ -158,6 +158,11 @@ class ParserPool:
         self._active: int | None = None  # the run being parsed (dispatched, not yet stopped)
         self._broken: str | None = None
 
+    @property
+    def helper_pids(self) -> list[int]:
+        """Process ids of the live helper processes (none before they start or after ``close``)."""
+        return [helper.process.pid for helper in self._helpers if helper.process.pid is not None]
+
     def __enter__(self) -> ParserPool:
         return self
 
