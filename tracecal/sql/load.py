@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracecal import __version__
+from tracecal.decode.collectives import Layout
+from tracecal.decode.iterations import DEFAULT_MARKER
 from tracecal.errors import RankConflictError, TracecalError
 from tracecal.ingest.discover import (
     DiscoveredRun,
@@ -42,7 +44,7 @@ from tracecal.ingest.discover import (
 from tracecal.ingest.pool import OnError, ParserPool, Skipped
 from tracecal.ingest.trace import ParsedRank
 from tracecal.schema import RANKS, RUN_TABLES, RUNS, arrow_schema
-from tracecal.sql.decoding import DecodeHandoff, DecodeSummary, decode_stored_run
+from tracecal.sql.decoding import DecodeHandoff, DecodeSummary, StoredRun, decode_stored_run
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,12 @@ def _ingest_run(
                 RUNS.name,
                 arrow_schema(RUNS),
                 [_run_row(run_id, run, options, layout, world_size, len(stored.rows), load_seconds)],
+            )
+            stored.handoff.run = StoredRun(
+                Layout(world_size=world_size, pp=layout.pp, tp=layout.tp, dp=layout.dp),
+                nodes=layout.nodes,
+                gpus_per_node=layout.gpus_per_node,
+                iteration_marker=_iteration_marker(options),
             )
 
             # Step 4: decode (operators, collectives, iterations) inside the run's transaction.
@@ -428,6 +436,11 @@ def _insert_rows(
     con.execute(f"INSERT INTO {table_name} ({', '.join(names)}) VALUES {values}", params)  # names from schema
 
 
+def _iteration_marker(options: IngestOptions) -> str:
+    """The marker the run's iterations are delimited by (decode's default when none is given)."""
+    return options.iteration_marker or DEFAULT_MARKER
+
+
 def _run_row(
     run_id: str,
     run: DiscoveredRun,
@@ -452,7 +465,7 @@ def _run_row(
         "world_size": world_size,
         "ranks_found": ranks_found,
         "layout_source": layout.source,
-        "iteration_marker": options.iteration_marker,
+        "iteration_marker": _iteration_marker(options),
         "metadata_json": json.dumps(layout.metadata) if layout.metadata is not None else None,
         "input_bytes": run.input_bytes,
         "ingest_seconds": seconds,
