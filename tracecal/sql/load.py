@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -204,13 +204,15 @@ def _ingest_run(
 
         # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
         # While this process waits for helper processes, it inserts the ranks it holds.
-        with _one_thread(con):
+        try:
             for done, (trace_file, parsed) in enumerate(parsing, start=1):
                 stored.add(trace_file, parsed)
                 del parsed  # stored or waiting in `stored` (bounded by INSERT_BATCH_ROWS), not held here
                 if progress is not None:
                     progress(Progress(run_id, trace_file.path, done, len(run.files)))
             stored.flush()
+        finally:
+            stored.threads.restore()
         if not stored.rows:
             reasons = "; ".join(s.reason for s in skipped[:3])
             raise _NothingLeft(f"{run.run_dir}: every trace file failed ({reasons})")
@@ -285,6 +287,7 @@ class _StoredRanks:
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
         self.handoff = DecodeHandoff()  # what decode reads instead of reading the events back
+        self.threads = _OneThreadForLargeInserts(con)
 
     def add(self, trace_file: TraceFile, parsed: list[ParsedRank]) -> None:
         """Store the events of every rank of one file (now, or with the next ranks).
@@ -324,6 +327,7 @@ class _StoredRanks:
         if not self.pending:
             return
         _tracecal_rank_events = self.pending[0] if len(self.pending) == 1 else pa.concat_tables(self.pending)
+        self.threads.before_insert(_tracecal_rank_events.num_rows)
         self.pending, self.pending_rows = [], 0
         # Read by DuckDB's replacement scan (a local Arrow table named in the query): unlike
         # register/unregister, no view is created and dropped in the run's transaction (≈1.5 ms a flush).
@@ -331,18 +335,37 @@ class _StoredRanks:
         self.con.execute("INSERT INTO events BY NAME SELECT * FROM _tracecal_rank_events")
 
 
-@contextmanager
-def _one_thread(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """DuckDB on one thread for the duration: inserting an in-memory Arrow table took half the CPU
-    with one thread than with two (measured on dlrm_8rank, 20 k rows: 21 vs 45 ms), the scan being
-    too cheap to share; the previous setting is restored. Set once per run around all its inserts
-    (three statements: per flush they cost as much as a small rank's INSERT)."""
-    threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
-    con.execute("SET threads = 1")
-    try:
-        yield
-    finally:
-        con.execute(f"SET threads = {int(threads)}")
+ONE_THREAD_MIN_ROWS = 4_000
+"""Inserts of at least this many rows run with DuckDB on one thread (``_OneThreadForLargeInserts``)."""
+
+
+class _OneThreadForLargeInserts:
+    """DuckDB on one thread for a run's inserts of ``ONE_THREAD_MIN_ROWS`` or more rows, the previous
+    setting restored at the end of the run. With more threads DuckDB inserts through its
+    order-preserving parallel path, which costs more CPU even when one thread does all the work
+    (fresh process, one INSERT from Arrow: 20 k rows of dlrm_8rank 12.5 vs 25 ms with 2 threads,
+    7.5 k rows of cpu_gloo 5.3-6.4 vs 9.5-10.2 ms, 5 k rows 7.7-8 vs 9.2-9.6 ms including the
+    settings). Changing the setting costs ≈ 2.5 ms in a fresh process (read it 0.3, set 1.5 ms:
+    DuckDB stops its thread pool, restore 0.5 ms), more than it saves on a small insert (2 060 rows
+    of h100: 5.2-5.9 ms for the INSERT alone vs 5.7-6.4 with the settings), so a run whose inserts
+    are all small (a small single-file run) leaves it alone; it is changed once per run at most."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.restore_to: int | None = None  # the setting before the run, once read
+
+    def before_insert(self, rows: int) -> None:
+        if rows < ONE_THREAD_MIN_ROWS or self.restore_to is not None:
+            return
+        self.restore_to = int(self.con.execute("SELECT current_setting('threads')").fetchall()[0][0])
+        if self.restore_to != 1:
+            self.con.execute("SET threads = 1")
+
+    def restore(self) -> None:
+        """Put the run's previous setting back (nothing to do if no insert changed it)."""
+        if self.restore_to is not None and self.restore_to != 1:
+            self.con.execute(f"SET threads = {self.restore_to}")
+        self.restore_to = None
 
 
 def _delete_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
