@@ -341,9 +341,9 @@ ONE_THREAD_MIN_ROWS = 4_000
 
 class _OneThreadForLargeInserts:
     """DuckDB on one thread for a run's inserts of ``ONE_THREAD_MIN_ROWS`` or more rows, the previous
-    setting restored at the end of the run. With more threads DuckDB inserts through its
-    order-preserving parallel path, which costs more CPU even when one thread does all the work
-    (fresh process, one INSERT from Arrow: 20 k rows of dlrm_8rank 12.5 vs 25 ms with 2 threads,
+    setting restored at the end of the run. With more threads an INSERT from Arrow costs more CPU,
+    even from a single record batch that one thread scans (fresh process, one INSERT: 20 k rows of
+    dlrm_8rank 12.5 vs 25 ms with 2 threads,
     7.5 k rows of cpu_gloo 5.3-6.4 vs 9.5-10.2 ms, 5 k rows 7.7-8 vs 9.2-9.6 ms including the
     settings). Changing the setting costs ≈ 2.5 ms in a fresh process (read it 0.3, set 1.5 ms:
     DuckDB stops its thread pool, restore 0.5 ms), more than it saves on a small insert (2 060 rows
