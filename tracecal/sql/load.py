@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -206,8 +206,8 @@ def _ingest_run(
 
         # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
         # While this process waits for helper processes, it inserts the ranks it holds.
-        # DuckDB on one thread for steps 2-4 (decode's inserts too).
-        with _one_thread(con):
+        # DuckDB on one thread from the first large insert to the end of decode (its inserts too).
+        try:
             for done, (trace_file, parsed) in enumerate(parsing, start=1):
                 stored.add(trace_file, parsed)
                 del parsed  # stored or waiting in `stored` (bounded by INSERT_BATCH_ROWS), not held here
@@ -240,6 +240,8 @@ def _ingest_run(
 
             # Step 4: decode (operators, collectives, iterations) inside the run's transaction.
             decoded = decode_stored_run(con, run_id, iteration_marker=options.iteration_marker, handoff=stored.handoff)
+        finally:
+            stored.threads.restore()
 
         seconds = time.perf_counter() - started
         con.execute("UPDATE runs SET ingest_seconds = ? WHERE run_id = ?", [seconds, run_id])
@@ -294,6 +296,7 @@ class _StoredRanks:
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
         self.handoff = DecodeHandoff()  # what decode reads instead of reading the events back
+        self.threads = _OneThreadForLargeInserts(con)
 
     def add(self, trace_file: TraceFile, parsed: list[ParsedRank]) -> None:
         """Store the events of every rank of one file (now, or with the next ranks).
@@ -333,6 +336,7 @@ class _StoredRanks:
         if not self.pending:
             return
         _tracecal_rank_events = self.pending[0] if len(self.pending) == 1 else pa.concat_tables(self.pending)
+        self.threads.before_insert(_tracecal_rank_events.num_rows)
         self.pending, self.pending_rows = [], 0
         # Read by DuckDB's replacement scan (a local Arrow table named in the query): unlike
         # register/unregister, no view is created and dropped in the run's transaction (≈1.5 ms a flush).
@@ -340,19 +344,38 @@ class _StoredRanks:
         self.con.execute("INSERT INTO events BY NAME SELECT * FROM _tracecal_rank_events")
 
 
-@contextmanager
-def _one_thread(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """DuckDB on one thread for the duration: inserting an in-memory Arrow table took half the CPU
-    with one thread than with two (measured on dlrm_8rank, 20 k rows: 21 vs 45 ms), the scan being
-    too cheap to share; the previous setting is restored. Set once per run around all its inserts,
-    decode's included (three statements: per flush they cost as much as a small rank's INSERT; decode's
-    inserts of operators, collectives and iterations took 40 % less CPU on one thread)."""
-    threads = con.execute("SELECT current_setting('threads')").fetchall()[0][0]
-    con.execute("SET threads = 1")
-    try:
-        yield
-    finally:
-        con.execute(f"SET threads = {int(threads)}")
+ONE_THREAD_MIN_ROWS = 4_000
+"""Inserts of at least this many rows run with DuckDB on one thread (``_OneThreadForLargeInserts``)."""
+
+
+class _OneThreadForLargeInserts:
+    """DuckDB on one thread for a run's inserts of ``ONE_THREAD_MIN_ROWS`` or more rows, the previous
+    setting restored at the end of the run (after decode, whose inserts of operators, collectives and
+    iterations then also run on one thread: 40 % less CPU for them). With more threads an INSERT from
+    Arrow costs more CPU, even from a single record batch that one thread scans (fresh process, one
+    INSERT: 20 k rows of dlrm_8rank 12.5 vs 25 ms with 2 threads, 7.5 k rows of cpu_gloo 5.3-6.4 vs
+    9.5-10.2 ms, 5 k rows 7.7-8 vs 9.2-9.6 ms including the settings). Changing the setting costs
+    ≈ 2.5 ms in a fresh process (read it 0.3, set 1.5 ms: DuckDB stops its thread pool, restore
+    0.5 ms), more than it saves on a small insert (2 060 rows of h100: 5.2-5.9 ms for the INSERT alone
+    vs 5.7-6.4 with the settings), so a run whose inserts
+    are all small (a small single-file run) leaves it alone; it is changed once per run at most."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.restore_to: int | None = None  # the setting before the run, once read
+
+    def before_insert(self, rows: int) -> None:
+        if rows < ONE_THREAD_MIN_ROWS or self.restore_to is not None:
+            return
+        self.restore_to = int(self.con.execute("SELECT current_setting('threads')").fetchall()[0][0])
+        if self.restore_to != 1:
+            self.con.execute("SET threads = 1")
+
+    def restore(self) -> None:
+        """Put the run's previous setting back (nothing to do if no insert changed it)."""
+        if self.restore_to is not None and self.restore_to != 1:
+            self.con.execute(f"SET threads = {self.restore_to}")
+        self.restore_to = None
 
 
 def _delete_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
@@ -421,15 +444,27 @@ def _dictionary_count(chunk: pa.DictionaryArray, value: str) -> int:
     return int(pc.sum(pc.is_in(chunk.indices, pa.array(codes, chunk.indices.type))).as_py() or 0)
 
 
+VALUES_MAX_ROWS = 4
+"""``_insert_rows`` inserts up to this many rows with a ``VALUES`` statement, more from Arrow."""
+
+
 def _insert_rows(
     con: duckdb.DuckDBPyConnection, table_name: str, schema: pa.Schema, rows: list[dict[str, Any]]
 ) -> None:
-    """Insert a few rows with one parameterised ``VALUES`` statement (a third of the CPU of an Arrow
-    table registered and dropped again); values are cast to the columns' types by DuckDB, and
-    ``schema`` names the columns (a row lacking one stores NULL)."""
+    """Insert rows with one statement; ``schema`` names the columns (a row lacking one stores NULL).
+
+    A few rows (the run, a small run's ranks) go as one parameterised ``VALUES`` statement, whose
+    values DuckDB casts to the columns' types; more as an Arrow table of ``schema`` read by DuckDB's
+    replacement scan, as ``_StoredRanks.flush`` does, whose cost hardly grows with the rows while
+    ``VALUES`` costs ≈ 0.11 ms a row (ranks rows after an events insert, fresh process: 2 rows
+    1.2-1.3 vs 1.3-1.45 ms from Arrow, 4 rows 1.3 vs 1.2, 8 rows 1.8 vs 1.25, 128 rows 15-17 vs 1.3-1.8)."""
     if not rows:
         return
     names = schema.names
+    if len(rows) > VALUES_MAX_ROWS:
+        _tracecal_rows = pa.Table.from_pylist(rows, schema=schema)  # read by the replacement scan
+        con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM _tracecal_rows")  # name from schema
+        return
     row_sql = "(" + ", ".join("?" * len(names)) + ")"
     values = ", ".join([row_sql] * len(rows))
     params = [row.get(name) for row in rows for name in names]
