@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -81,6 +82,45 @@ def test_a_helper_that_dies_is_one_error_and_the_pool_takes_no_more_runs(monkeyp
             list(parsers.parse(FILES, "raise", []))
         with pytest.raises(WorkerError, match="parser process died"):
             parsers.parse(FILES, "raise", [])
+
+
+def test_a_helper_killed_while_holding_the_shared_lock_is_one_error_not_a_hang(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A helper SIGKILLed while it holds the pool's lock (a claim is two lines under it) leaves the lock
+    held for good: the caller, which then stops the run under that lock, must give up once it sees the
+    helper dead instead of waiting forever."""
+    parsers = pool.ParserPool(2)
+
+    def die_holding_the_lock(path: Path) -> list[ParsedRank]:
+        if os.getpid() != TEST_PID and not _is_warm_up(path):
+            parsers._lock.acquire()  # the lock exists before the helpers are forked
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(0.1)  # this process is slow, so the helper surely takes a file
+        return parse_trace_file(path)
+
+    monkeypatch.setattr(pool, "parse_trace_file", die_holding_the_lock)
+    parsers.start()
+    errors: list[BaseException] = []
+
+    def parse_the_run() -> None:
+        try:
+            list(parsers.parse(FILES, "raise", []))
+        except BaseException as exc:  # whatever it is, the test reports it
+            errors.append(exc)
+
+    caller = threading.Thread(target=parse_the_run, daemon=True)
+    caller.start()
+    caller.join(10)
+    if caller.is_alive():  # hung on the lock: close() would hang too, so only the helpers go
+        for helper in parsers._helpers:
+            helper.process.kill()
+        pytest.fail("the caller waited forever for the lock the dead helper held")
+    parsers.close()
+    assert len(errors) == 1 and isinstance(errors[0], WorkerError), errors
+    assert "parser process died" in str(errors[0])
+    with pytest.raises(WorkerError, match="parser process died"):
+        parsers.parse(FILES, "raise", [])
 
 
 def test_a_spool_left_by_a_dead_process_is_removed_and_a_live_one_kept() -> None:

@@ -57,7 +57,7 @@ import sys
 import tempfile
 import traceback
 import weakref
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
@@ -115,6 +115,9 @@ _RUN, _NEXT, _SLOTS = 0, 1, 2
 index of its next unclaimed file, then per helper the index of the file it is parsing (-1: none)."""
 
 _STOPPED = 2**62
+
+_LOCK_POLL_SECONDS = 0.1
+"""While this process waits for the shared lock, how often it checks that no helper died holding it."""
 
 _CLOSE_SECONDS = 1.0
 """How long ``close`` waits for an idle helper to leave before terminating it."""
@@ -286,9 +289,22 @@ class ParserPool:
             skipped.append(Skipped(trace_file.path, str(exc)))
             return []
 
+    @contextlib.contextmanager
+    def _locked(self, files: Sequence[TraceFile] = ()) -> Iterator[None]:
+        """The shared lock. A helper killed while it holds the lock (between the lines of a claim)
+        leaves it locked for good, so the wait gives up once a helper is dead (``WorkerError``)."""
+        while not self._lock.acquire(timeout=_LOCK_POLL_SECONDS):
+            dead = next((helper for helper in self._helpers if not helper.process.is_alive()), None)
+            if dead is not None:
+                self._died(dead, files)
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     def _dispatch(self, files: Sequence[TraceFile]) -> int:
         """Make ``files`` the current run (any earlier one is abandoned) and send it to every helper."""
-        with self._lock:
+        with self._locked(files):
             self._run = int(self._state[_RUN]) + 1
             self._state[_RUN], self._state[_NEXT] = self._run, 0
         self._active = self._run
@@ -300,11 +316,11 @@ class ParserPool:
                 self._died(helper, files)
         return self._run
 
-    def _claim(self, run: int, total: int) -> int | None:
+    def _claim(self, run: int, files: Sequence[TraceFile]) -> int | None:
         """The next unclaimed file of ``run`` for this process, or None when every file is taken."""
-        with self._lock:
+        with self._locked(files):
             index = int(self._state[_NEXT])
-            if self._state[_RUN] != run or index >= total:
+            if self._state[_RUN] != run or index >= len(files):
                 return None
             self._state[_NEXT] = index + 1
             return index
@@ -313,8 +329,9 @@ class ParserPool:
         return max(0, total - int(self._state[_NEXT]))
 
     def _stop(self, run: int) -> None:
-        """No parser claims another file of ``run`` (finished or given up); the pool is free again."""
-        with self._lock:
+        """No parser claims another file of ``run`` (finished or given up); the pool is free again.
+        If a helper died holding the lock, the pool is broken (``_broken``) and takes no more runs."""
+        with contextlib.suppress(WorkerError), self._locked():
             if self._state[_RUN] == run:
                 self._state[_NEXT] = _STOPPED
         if self._active == run:
@@ -344,7 +361,7 @@ class ParserPool:
                     # The run's last files: insert what is held now, while the helpers parse,
                     # rather than all of it after the last file.
                     idle()
-                own = self._claim(run, len(files))
+                own = self._claim(run, files)
                 if own is not None:
                     remaining -= 1
                     yield files[own], self._parse_here(files[own], on_error, skipped)
