@@ -40,7 +40,8 @@ FIELDS = {
 
 
 def _empty(inst: pl.DataFrame) -> pl.DataFrame:
-    return inst.select("uid", *[pl.lit(None, dtype=t).alias("n_" + c) for c, t in FIELDS.items()])
+    """No NCCL range says anything (series, not a query plan: the usual case, Kineto traces)."""
+    return pl.DataFrame([pl.Series("n_" + c, [None] * inst.height, dtype=t) for c, t in FIELDS.items()])
 
 
 def _single(col: str) -> pl.Expr:
@@ -49,14 +50,17 @@ def _single(col: str) -> pl.Expr:
 
 
 def nccl_api_fields(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | None = None) -> pl.DataFrame:
-    """Per instance (``uid`` with ``rank``, ``cpu_pid``, ``cpu_tid``, ``launch_ns``): the ``n_*`` fields of
-    the NCCL API call (or group of calls) that launched it; NULL where no NCCL range says.
+    """Per instance (``uid`` with ``rank``, ``cpu_pid``, ``cpu_tid``, ``launch_ns``; row i is ``inst``'s
+    row i): the ``n_*`` fields of the NCCL API call (or group of calls) that launched it; NULL where
+    no NCCL range says.
 
     Args:
         events: the ranks' events with ``end_ns`` and ``uid``.
         inst: collective instances (one row per uid).
         names: the batch's name index.
     """
+    if names is not None and not names.any_like(NCCL_DATA_CALL):
+        return _empty(inst)  # no NCCL range in the batch: no query plan over its events
     # lazy plans around the two sweeps: each eager frame operation has a fixed cost
     nvtx = events.lazy().filter(pl.col("kind") == "user_annotation")
     data = nvtx.filter(names_like(events, NCCL_DATA_CALL, names) & pl.col("coll_name").is_not_null()).collect(
@@ -125,4 +129,5 @@ def nccl_api_fields(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
     )
     found = pl.concat([own, grouped.join(own.select("qid"), on="qid", how="anti")], how="vertical_relaxed")
     found = found.rename({"qid": "uid", **{c: "n_" + c for c in FIELDS}})
-    return inst.lazy().select("uid").join(found, on="uid", how="left").collect(engine=ENGINE)
+    found = inst.lazy().select("uid").join(found, on="uid", how="left", maintain_order="left")
+    return found.drop("uid").collect(engine=ENGINE)
