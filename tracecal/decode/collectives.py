@@ -354,7 +354,8 @@ def _link_cpu_work(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     capture) has no launch.
 
     Python lists after one query plan (the calls and the ranges' Input Dims): a gloo rank has tens
-    of ranges and calls, and each frame operation on them cost 0.2-0.5 ms (rank_collectives on gloo: 10.7 -> 7.3 ms CPU).
+    of ranges and calls, and each frame operation on them cost 0.2-0.5 ms (``rank_collectives`` on
+    gloo: 10.7 -> 7.3 ms CPU).
     """
     is_call = (pl.col("kind") == "cpu_op") & pl.col("name").str.starts_with("c10d::")
     found = (
@@ -480,6 +481,12 @@ def _empty_collectives() -> pl.DataFrame:
     return pl.DataFrame(schema={**schema, "group_key": pl.Utf8, "end_ns": pl.Int64, "seq_in_group": pl.Int64})
 
 
+def _first(row: dict, field: str, sources: str = "kra") -> object:
+    """``field`` of the first of ``sources`` that has it: the instance's own args (``k``), its
+    record_param_comms (``r``), NCCL range (``n``), annotation (``a``)."""
+    return next((value for source in sources if (value := row[source + "_" + field]) is not None), None)
+
+
 def rank_collectives(
     events: pl.DataFrame,
     operators: pl.DataFrame,
@@ -509,7 +516,7 @@ def rank_collectives(
         (on_gpu & (pl.col("kind") == "kernel") & names_like(operators, COMM_KERNEL, names))
         | (~on_gpu & names_like(operators, CPU_WORK, names))
     )
-    inst = candidates.select(
+    instances = candidates.select(
         "rank",
         on_gpu.alias("on_gpu"),
         "uid",
@@ -523,7 +530,11 @@ def rank_collectives(
         "cpu_pid",
         "cpu_tid",
         "scope_name",
-    ).collect(engine=ENGINE)
+    )
+    # the instances' own args: the few rows first (a join against all events hashes all events)
+    own_args = events.lazy().join(candidates.select("uid"), on="uid", how="semi")
+    own_args = own_args.select("uid", *[pl.col(c).alias("k_" + c) for c in _COLLECTIVE_ARGS])
+    inst, own = pl.collect_all([instances, own_args], engine=ENGINE)
     if inst.height == 0:
         return _empty_collectives()
     gpu_rows = inst.get_column("on_gpu")
@@ -534,36 +545,30 @@ def rank_collectives(
     context = _context_attrs(events, inst, names)
     scope = _scope_evidence(events, inst, names)
     nccl = nccl_api_fields(events, inst, names)
-    # the instances' own args: the few rows first (a join against all events hashes all events)
-    own = (
-        events.lazy()
-        .join(inst.lazy().select("uid"), on="uid", how="semi")
-        .select("uid", *[pl.col(c).alias("k_" + c) for c in _COLLECTIVE_ARGS])
-    )
-    lazy = inst.hstack(context).hstack(scope).hstack(nccl).lazy().join(own, on="uid", how="left")
-    # a gloo range is its own annotation: the one enclosing its call is another instance (an async
-    # send still running when the next recv is called)
-    lazy = lazy.with_columns(pl.when(on_gpu).then(pl.col("a_" + c)).alias("a_" + c) for c in _ATTRS)
-
-    def first(field: str, prefixes: str = "kra") -> pl.Expr:
-        return pl.coalesce([pl.col(p + "_" + field) for p in prefixes])
-
-    rows = lazy.with_columns(
-        first("in_msg_nelems").alias("_in"),
-        first("out_msg_nelems").alias("_out"),
-        first("group_size", "krna").alias("_gsize"),
-        first("pg_name", "krna").alias("pg_name"),
-        first("pg_ranks").alias("pg_ranks"),
-        first("coll_seq").alias("coll_seq"),
-        first("coll_dtype").alias("_cdtype"),
-        first("coll_name", "krna").alias("_cname"),
-        first("src_rank", "krna").alias("_src"),
-        first("dst_rank", "krna").alias("_dst"),
-        pl.coalesce(pl.col("k_input_dims"), pl.col("a_input_dims"), pl.col("r_input_dims")).alias("_dims"),
-        pl.coalesce(pl.col("k_input_types"), pl.col("a_input_types"), pl.col("r_input_types")).alias("_types"),
-    ).collect(engine=ENGINE)
+    own_of = {row[0]: dict(zip(own.columns[1:], row[1:], strict=True)) for row in own.iter_rows()}
+    no_own = dict.fromkeys(own.columns[1:])
+    # the rest per instance in Python: a plan joining and coalescing these tens of rows cost ~1 ms
     records = []
-    for r in rows.iter_rows(named=True):
+    for r in inst.hstack(context).hstack(scope).hstack(nccl).iter_rows(named=True):
+        r.update(own_of.get(r["uid"], no_own))
+        if not r["on_gpu"]:
+            # a gloo range is its own annotation: the one enclosing its call is another instance (an
+            # async send still running when the next recv is called)
+            r.update(dict.fromkeys(_tagged("a_")))
+        r.update(
+            _in=_first(r, "in_msg_nelems"),
+            _out=_first(r, "out_msg_nelems"),
+            _gsize=_first(r, "group_size", "krna"),
+            pg_name=_first(r, "pg_name", "krna"),
+            pg_ranks=_first(r, "pg_ranks"),
+            coll_seq=_first(r, "coll_seq"),
+            _cdtype=_first(r, "coll_dtype"),
+            _cname=_first(r, "coll_name", "krna"),
+            _src=_first(r, "src_rank", "krna"),
+            _dst=_first(r, "dst_rank", "krna"),
+            _dims=_first(r, "input_dims", "kar"),
+            _types=_first(r, "input_types", "kar"),
+        )
         rank = r["rank"]
         # the instance's own name wins over its context's (a SendRecv kernel does not say)
         name = (
