@@ -475,10 +475,18 @@ _ROW_SCHEMA = {
 """Columns of a collective row before group keys and sequence numbers are added."""
 
 
+_COLLECTIVES_SCHEMA = {
+    **{c: t for c, t in _ROW_SCHEMA.items() if c != "_order"},
+    "group_key": pl.Utf8,
+    "end_ns": pl.Int64,
+    "seq_in_group": pl.Int64,
+}
+"""Columns ``rank_collectives`` returns."""
+
+
 def _empty_collectives() -> pl.DataFrame:
-    """No collective rows (the columns ``rank_collectives`` returns), built without a query plan."""
-    schema = {c: t for c, t in _ROW_SCHEMA.items() if c != "_order"}
-    return pl.DataFrame(schema={**schema, "group_key": pl.Utf8, "end_ns": pl.Int64, "seq_in_group": pl.Int64})
+    """No collective rows, built without a query plan."""
+    return pl.DataFrame(schema=_COLLECTIVES_SCHEMA)
 
 
 def _first(row: dict, field: str, sources: str = "kra") -> object:
@@ -644,21 +652,21 @@ def rank_collectives(
                 "_order": r["launch_ns"] if not r["on_gpu"] and r["launch_ns"] is not None else r["ts_ns"],
             }
         )
-    schema = _ROW_SCHEMA
-    out = pl.DataFrame(records, schema=schema, orient="row").lazy()  # one plan from here
-    out = out.with_columns(
-        pl.coalesce(pl.col("pg_name"), pl.col("pg_ranks"), pl.col("_inferred"), pl.lit("default")).alias("group_key"),
-        (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0)).alias("end_ns"),
-    ).sort("rank", "_order", "event_id")
+    # group key, end and order within the group in Python as well: a plan sorting these tens of
+    # rows cost 0.7 ms
+    for rec in records:
+        recorded = (rec["pg_name"], rec["pg_ranks"], rec["_inferred"])
+        rec["group_key"] = next((key for key in recorded if key is not None), "default")
+        rec["end_ns"] = rec["ts_ns"] + (rec["dur_ns"] or 0)
     # order within the group on this rank; instances launched before the capture (no CPU side)
     # are not numbered: another rank may not have recorded them at all
-    return (
-        out.with_columns(
-            pl.when(pl.col("linked") | ~pl.col("linked").any().over("rank"))
-            .then(pl.int_range(0, pl.len(), dtype=pl.Int64).over("rank", "group_key", "linked"))
-            .alias("seq_in_group")
-        )
-        .sort("rank", "ts_ns", "event_id")
-        .drop("_order")
-        .collect(engine=ENGINE)
-    )
+    ranks_linked = {rec["rank"] for rec in records if rec["linked"]}
+    seen: dict[tuple[int, str, bool], int] = {}
+    for rec in sorted(records, key=lambda rec: (rec["rank"], rec["_order"], rec["event_id"])):
+        del rec["_order"]
+        numbered = rec["linked"] or rec["rank"] not in ranks_linked
+        group = (rec["rank"], rec["group_key"], rec["linked"])
+        rec["seq_in_group"] = seen.get(group, 0) if numbered else None
+        seen[group] = seen.get(group, 0) + 1
+    records.sort(key=lambda rec: (rec["rank"], rec["ts_ns"], rec["event_id"]))
+    return pl.DataFrame(records, schema=_COLLECTIVES_SCHEMA, orient="row")
