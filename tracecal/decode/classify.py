@@ -158,13 +158,15 @@ def phases_plan(events: pl.DataFrame, operators: pl.DataFrame, names: NameIndex 
         .alias("phase")
     )
     # position in the iteration for operators without evidence
+    # window expressions, not a group-by joined back: the self-join cost 0.8 ms of the 2.2 ms of this
+    # plan on sampled_2_of_128 (2 358 operators), the windows next to nothing (rows outside every
+    # iteration form their own window, which ``positional`` never reads)
     when = pl.coalesce("launch_ns", "ts_ns")
-    bounds = (
-        out.filter((pl.col("phase") == "bwd") & pl.col("iteration").is_not_null())
-        .group_by("rank", "iteration")
-        .agg(when.min().alias("_first_bwd"), when.max().alias("_last_bwd"))
+    bwd_when = pl.when(pl.col("phase") == "bwd").then(when)
+    out = out.with_columns(
+        bwd_when.min().over("rank", "iteration").alias("_first_bwd"),
+        bwd_when.max().over("rank", "iteration").alias("_last_bwd"),
     )
-    out = out.join(bounds, on=["rank", "iteration"], how="left")
     positional = (
         pl.when(pl.col("iteration").is_null())
         .then(pl.lit("other"))

@@ -547,12 +547,16 @@ def family_shape_table(
     both answers from one pass over the distinct keys instead of two distinct/join rounds."""
     keys = [name, kernel_name, kind, input_dims, input_types, concrete_inputs]
     distinct = frame.select(keys).unique()
-    keyed = list(distinct.iter_rows())
-    families = _families([(op, kernel, knd) for op, kernel, knd, _, _, _ in keyed])
-    rows = [_shape_row_cached(op or "", dims, types, concrete) for op, _, _, dims, types, concrete in keyed]
-    feats = pl.DataFrame(rows, schema=_SHAPE_SCHEMA, orient="row") if rows else pl.DataFrame(schema=_SHAPE_SCHEMA)
-    family = pl.DataFrame({"family": families}, schema={"family": pl.Utf8})
-    return pl.concat([distinct, family, feats], how="horizontal")
+    # column lists in and Series out, not rows: on sampled_2_of_128's 710 distinct keys the frame
+    # built from row tuples cost 0.73 ms, the Series 0.30 ms (and ``to_list`` per column is cheaper
+    # than ``iter_rows``)
+    ops, kernels, kinds, dims, types, concrete = (s.to_list() for s in distinct.get_columns())
+    families = _families(list(zip(ops, kernels, kinds, strict=True)))
+    rows = [_shape_row_cached(op or "", *rest) for op, *rest in zip(ops, dims, types, concrete, strict=True)]
+    values = list(zip(*rows, strict=True)) if rows else [()] * len(_SHAPE_SCHEMA)
+    # not strict, as the row constructor was not (an int in a float column, a float in an int one)
+    feats = [pl.Series(c, v, dtype=t, strict=False) for (c, t), v in zip(_SHAPE_SCHEMA.items(), values, strict=True)]
+    return distinct.hstack([pl.Series("family", families, dtype=pl.Utf8), *feats])
 
 
 def shape_features(
