@@ -26,7 +26,7 @@ import polars as pl
 
 from tracecal.decode import nccl_api
 from tracecal.decode.nccl_api import nccl_api_fields
-from tracecal.decode.nesting import ENGINE, NameIndex, covered, enclosing, names_like
+from tracecal.decode.nesting import ENGINE, NameIndex, covered, enclosing, launch_points, names_like, rows_of
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
 
 COMM_KERNEL = r"(?i)^(nccl|rccl)\w*Kernel|^ncclDevKernel|^ncclKernel"
@@ -217,18 +217,6 @@ CONTEXT_PATTERNS = (
 """The name regexes of the instances' context: only asked for when the batch has instances."""
 
 
-def _launch_points(inst: pl.DataFrame) -> tuple[np.ndarray, pl.DataFrame]:
-    """The instances launched from a known thread as sweep query points (``rank``, ``pid``, ``tid``,
-    ``qid`` the uid, ``t`` the launch), and their row numbers in ``inst``.
-
-    Series operations: a frame operation plans a query first (0.3-1 ms, more than the tens of rows
-    of most traces take)."""
-    known = inst.get_column("launch_ns").is_not_null() & inst.get_column("cpu_tid").is_not_null()
-    columns = {"rank": "rank", "pid": "cpu_pid", "tid": "cpu_tid", "qid": "uid", "t": "launch_ns"}
-    points = pl.DataFrame([inst.get_column(src).filter(known).alias(dst) for dst, src in columns.items()])
-    return np.flatnonzero(known.to_numpy()), points
-
-
 def _lane_points(points: pl.DataFrame, tags: list[int]) -> pl.DataFrame:
     """``points`` asked once per lane ``tag``: row k·n + j (its ``qid``) is point j in lane ``tags[k]``."""
     k, n = len(tags), points.height
@@ -280,17 +268,17 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | 
         .filter(pl.col("tag").is_not_null())
         .collect(engine=ENGINE)
     )
-    rows, points = _launch_points(inst)
+    points = launch_points(inst)
+    rows = points.get_column("qid").to_numpy()
     found = enclosing(iv, _lane_points(points, active), lane=("rank", "pid", "tid", "tag"))
     # per point (``qid``), the enclosing range's row in ``iv`` (uids are unique); ``iv.height``, a
     # NULL row, for none
     ids = found.get_column("id")
     hit = ids.is_not_null()
-    uids = iv.get_column("id").to_numpy()
-    by_uid = np.argsort(uids)
     at = np.full(found.height, iv.height)
-    rows_found = by_uid[np.searchsorted(uids[by_uid], ids.filter(hit).to_numpy())]
-    at[found.get_column("qid").filter(hit).to_numpy()] = rows_found
+    at[found.get_column("qid").filter(hit).to_numpy()] = rows_of(
+        iv.get_column("id").to_numpy(), ids.filter(hit).to_numpy()
+    )
     # frame takes and numpy: no query plan (a series gather or extend runs one: 40-70 us each)
     attrs = pl.DataFrame([iv.get_column(c) for c in _ATTRS]).vstack(pl.DataFrame(_null_columns(_ATTRS, attr_types, 1)))
     columns = []
@@ -440,7 +428,8 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
         ],
         how="vertical_relaxed",
     ).collect(engine=ENGINE)
-    rows, points = _launch_points(inst)
+    points = launch_points(inst)
+    rows = points.get_column("qid").to_numpy()
     cov = covered(iv, _lane_points(points, active), lane=("rank", "pid", "tid", "tag"))
     counts = np.zeros(len(active) * len(rows), dtype=np.int64)
     counts[cov.get_column("qid").to_numpy()] = cov.get_column("count").to_numpy()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, names_like, parents
+from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, launch_points, names_like, parents, rows_of
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
 RUNTIME_KINDS = ("cuda_runtime", "cuda_driver")
@@ -291,27 +291,14 @@ def outermost_scope(
         .select("rank", "pid", "tid", pl.col("uid").alias("id"), "ts_ns", "end_ns", "name")
         .collect(engine=ENGINE)
     )
-    launch, tid = operators.get_column("launch_ns"), operators.get_column("cpu_tid")
-    launched = launch.is_not_null() & tid.is_not_null()
-    points = pl.DataFrame(
-        [
-            operators.get_column("rank").filter(launched),
-            operators.get_column("cpu_pid").filter(launched).alias("pid"),
-            tid.filter(launched).alias("tid"),
-            pl.Series("qid", np.flatnonzero(launched.to_numpy()), dtype=pl.Int64),
-            launch.filter(launched).alias("t"),
-        ]
-    )
-    hit = enclosing(iv, points, lane=("rank", "pid", "tid"), outermost=True)
+    hit = enclosing(iv, launch_points(operators), lane=("rank", "pid", "tid"), outermost=True)
     # per operator row: the row of its scope in ``iv`` (enclosing answers with the annotations' uids)
     ids = hit.get_column("id")
     in_scope = ids.is_not_null()
-    uids = iv.get_column("id").to_numpy()
-    by_uid = np.argsort(uids, kind="stable")
     scope_row = np.full(operators.height, -1, dtype=np.int64)
-    scope_row[hit.get_column("qid").filter(in_scope).to_numpy()] = by_uid[
-        np.searchsorted(uids, ids.filter(in_scope).to_numpy(), sorter=by_uid)
-    ]
+    scope_row[hit.get_column("qid").filter(in_scope).to_numpy()] = rows_of(
+        iv.get_column("id").to_numpy(), ids.filter(in_scope).to_numpy()
+    )
     at = pl.Series(scope_row)
     scope = iv.get_column("name").gather(at.set(at < 0, None) if (scope_row < 0).any() else at)
     return operators.hstack([scope.alias("scope_name")])

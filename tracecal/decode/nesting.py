@@ -271,6 +271,33 @@ def covered(intervals: pl.DataFrame, points: pl.DataFrame, *, lane: Sequence[str
     return rows.filter(pl.col("order") == _QUERY).select("qid", pl.col("depth").alias("count")).collect(engine=ENGINE)
 
 
+def launch_points(frame: pl.DataFrame) -> pl.DataFrame:
+    """Query points at the CPU launch of each row of ``frame`` that has one (``launch_ns`` and
+    ``cpu_tid`` known): ``rank``, ``pid``, ``tid``, ``t`` the launch, ``qid`` the row's number in
+    ``frame`` (an answer is put back by row, no join on ids).
+
+    Series operations: a frame operation plans a query first (0.3-1 ms, more than the tens to
+    thousands of rows it is asked for here)."""
+    launch, tid = frame.get_column("launch_ns"), frame.get_column("cpu_tid")
+    launched = launch.is_not_null() & tid.is_not_null()
+    return pl.DataFrame(
+        [
+            frame.get_column("rank").filter(launched),
+            frame.get_column("cpu_pid").filter(launched).alias("pid"),
+            tid.filter(launched).alias("tid"),
+            launch.filter(launched).alias("t"),
+            pl.Series("qid", np.flatnonzero(launched.to_numpy()), dtype=pl.Int64),
+        ]
+    )
+
+
+def rows_of(ids: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """The row in ``ids`` (unique) of each of ``wanted`` (all present): e.g. the row of an interval
+    ``enclosing`` answered with, to take its columns without a join."""
+    order = np.argsort(ids, kind="stable")
+    return order[np.searchsorted(ids, wanted, sorter=order)]
+
+
 def parents(intervals: pl.DataFrame, *, lane: Sequence[str] = ("tid",)) -> pl.DataFrame:
     """The parent (innermost strictly enclosing interval) of every interval.
 
