@@ -46,6 +46,21 @@ def test_kineto_float_timestamps_round_trip(tmp_path_factory: pytest.TempPathFac
     assert [r["ts_ns"] for r in _rows(path)] == ns
 
 
+def test_every_phase_keeps_its_place_and_only_complete_events_are_rows(tmp_path: Path) -> None:
+    """Complete events are told from the others by ``ph`` wherever it is written; a phase outside the
+    Chrome format (``Z``) sends the trace to the lenient decoder, which reads the same rows."""
+    flow = {"ph": "s", "cat": "ac2g", "id": 7, "pid": 1, "tid": 1, "ts": 2}
+    complete = [
+        {"ph": "X", "cat": "cpu_op", "name": "a", "pid": 1, "tid": 1, "ts": 1, "dur": 2},
+        {"name": "b", "cat": "cpu_op", "ts": 3, "dur": 1, "ph": "X"},  # ph last
+    ]
+    for odd in ({"ph": "M", "name": "process_name", "args": {"name": "p"}}, {"ph": "Z", "cat": "odd"}):
+        events = [complete[0], flow, odd, {"ph": "i", "name": "mark", "ts": 2}, complete[1]]
+        rows = _rows(_write(tmp_path / "t.json", events))
+        assert [(r["event_id"], r["name"], r["ts_ns"]) for r in rows] == [(0, "a", 1000), (4, "b", 3000)]
+        assert parse_kineto_file(tmp_path / "t.json").schema_era == "2024"  # from the flow's category
+
+
 def test_integer_microseconds_are_exact_beyond_float_precision(tmp_path: Path) -> None:
     path = _write(tmp_path / "t.json", [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1694128201426557, "dur": 3}])
     assert _rows(path)[0]["ts_ns"] == 1694128201426557000

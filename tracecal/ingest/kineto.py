@@ -22,7 +22,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
-from operator import attrgetter
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +65,6 @@ class _DeviceProperties(msgspec.Struct):
     name: str | None = None
 
 
-_TS = attrgetter("ts")
 _METADATA: dict[str, Any] = {
     key: str | int | float | bool | None
     for key in [
@@ -131,7 +130,7 @@ def parse_kineto_file(path: Path) -> ParsedRank:
         categories: set[str | None] = set()
         float_ts = False
         for offset, (events, strict) in event_batches:
-            float_ts = float_ts or float in set(map(type, map(_TS, events[:1000])))
+            float_ts = float_ts or _float_timestamps(events[:1000])
             parts = [
                 events_to_batch(path, events[a:b], offset + a, strict, categories) for a, b in _chunks(len(events))
             ]
@@ -147,6 +146,11 @@ def parse_kineto_file(path: Path) -> ParsedRank:
         )
     table = pa.Table.from_batches(batches)
     return _parsed_rank(path, header, table, _era(categories, float_ts, header), len(data))
+
+
+def _float_timestamps(events: list[Any]) -> bool:
+    """Whether any of ``events`` writes ``ts`` as a float (an ``IncompleteEvent`` has none)."""
+    return float in set(map(type, map(getattr, events, repeat("ts"), repeat(None))))
 
 
 def _chunks(n: int) -> list[tuple[int, int]]:
