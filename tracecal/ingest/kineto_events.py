@@ -200,7 +200,7 @@ _COMM_COLUMNS = (
 _COMM_TYPES = {name: _BATCH_SCHEMA.field(name).type for name in _COMM_COLUMNS}
 _INDEX_IN_PATH = re.compile(r"^\$\[(\d+)\]")
 # Event types made by defstruct are variables to mypy, hence the ignores.
-_strict_decoder = msgspec.json.Decoder(list[StrictEvent])  # type: ignore[valid-type]
+_strict_decoder = msgspec.json.Decoder(list[StrictEvent])
 _events_decoder = msgspec.json.Decoder(list[Event])  # type: ignore[valid-type]
 _any = msgspec.json.Decoder()
 
