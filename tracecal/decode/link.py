@@ -69,6 +69,13 @@ def uid_series(events: pl.DataFrame) -> pl.Series:
     return (events.get_column("rank").cast(pl.Int64) * (1 << UID_SHIFT) + events.get_column("event_id")).alias("uid")
 
 
+def end_series(events: pl.DataFrame) -> pl.Series:
+    """``END_NS`` as a series operation (no query plan)."""
+    ts, dur = events.get_column("ts_ns"), events.get_column("dur_ns")
+    end = ts + dur
+    return (end.zip_with(dur.is_not_null(), ts) if dur.null_count() else end).alias("end_ns")
+
+
 def _cpu_ops(events: pl.DataFrame, names: NameIndex | None = None) -> pl.LazyFrame:
     return events.lazy().filter((pl.col("kind") == "cpu_op") & ~names_like(events, PROFILER_STEP, names))
 
