@@ -163,7 +163,10 @@ def apply_offsets(
     gets NULL aligned times). The offsets map ranks to shifts (a run has a few ranks): series
     operations, no query plan (three ``with_columns`` cost 0.7-1 ms on every trace).
     """
-    shifts = dict(zip(offsets["rank"].to_list(), offsets["clock_offset_ns"].fill_null(0).to_list(), strict=True))
+    shifts = {
+        rank: offset or 0
+        for rank, offset in zip(offsets["rank"].to_list(), offsets["clock_offset_ns"].to_list(), strict=True)
+    }
 
     def shift_of(frame: pl.DataFrame) -> pl.Series:
         return pl.Series([shifts.get(rank) for rank in frame.get_column("rank").to_list()], dtype=pl.Int64)

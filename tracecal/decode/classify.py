@@ -23,6 +23,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from tracecal.decode.frames import picked
 from tracecal.decode.nesting import ENGINE, NameIndex, covered, names_like
 
 AUTOGRAD = r"Backward\d*\b|Backward\d*$|autograd::engine::evaluate_function"
@@ -120,12 +121,9 @@ def phases_plan(events: pl.DataFrame, operators: pl.DataFrame, names: NameIndex 
         operators: frame with rank, uid, cpu_pid, cpu_tid, launch_ns, cpu_op_name, cpu_fwd_thread_id,
             iteration (one or more ranks).
     """
-    pts = operators.filter(pl.col("launch_ns").is_not_null()).select(
-        "rank",
-        pl.col("cpu_pid").alias("pid"),
-        pl.col("cpu_tid").alias("tid"),
-        pl.col("uid").alias("qid"),
-        pl.col("launch_ns").alias("t"),
+    launched = operators.get_column("launch_ns").is_not_null()
+    pts = picked(
+        operators, {"rank": "rank", "cpu_pid": "pid", "cpu_tid": "tid", "uid": "qid", "launch_ns": "t"}, launched
     )
     out = operators.lazy().join(_evidence(events, pts, names).rename({"qid": "uid"}), on="uid", how="left")
     autograd = (

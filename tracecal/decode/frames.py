@@ -20,12 +20,28 @@ def with_series(frame: pl.DataFrame, *series: pl.Series) -> pl.DataFrame:
     return pl.DataFrame(list(columns.values()))
 
 
-def filtered(frame: pl.DataFrame, mask: pl.Series, columns: dict[str, str]) -> pl.DataFrame:
-    """``frame.filter(mask).select(pl.col(src).alias(dst) ...)`` without a plan: the rows where
-    ``mask`` is true (NULL counts as false) of the ``{source: name}`` columns."""
-    return pl.DataFrame([frame.get_column(src).filter(mask).alias(dst) for src, dst in columns.items()])
+def picked(frame: pl.DataFrame, columns: dict[str, str], where: pl.Series | None = None) -> pl.DataFrame:
+    """``frame.filter(where).select(pl.col(source).alias(name) ...)`` without a plan: the
+    ``{source: name}`` columns, of the rows where ``where`` is true (NULL counts as false; None: all)."""
+    return pl.DataFrame(
+        [
+            (frame.get_column(src) if where is None else frame.get_column(src).filter(where)).alias(dst)
+            for src, dst in columns.items()
+        ]
+    )
 
 
 def coalesce(first: pl.Series, then: pl.Series) -> pl.Series:
     """``pl.coalesce(first, then)`` of two series of one type, without a plan (named as ``first``)."""
     return first.zip_with(first.is_not_null(), then) if first.null_count() else first
+
+
+def sort_by(frame: pl.DataFrame, first: str, then: str) -> pl.DataFrame:
+    """``frame.sort(first, then)`` of two integer columns, without a plan when it is sorted already
+    (rows of equal keys then keep their order, which a sort may change)."""
+    a, b = frame.get_column(first), frame.get_column(then)
+    if a.null_count() or b.null_count():
+        return frame.sort(first, then)
+    x, y = a.cast(pl.Int64).to_numpy(), b.cast(pl.Int64).to_numpy()
+    in_order = (x[1:] > x[:-1]) | ((x[1:] == x[:-1]) & (y[1:] >= y[:-1]))
+    return frame if in_order.all() else frame.sort(first, then)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from tracecal.decode.frames import picked
 from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, launch_points, names_like, parents, rows_of
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
@@ -129,8 +130,8 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
     )
     runtime = (
         lev.filter(pl.col("kind").is_in(RUNTIME_KINDS) & pl.col("correlation").is_not_null())
-        .sort("uid")
-        .unique(subset=["rank", "correlation"], keep="first")
+        .sort("uid")  # no work when sorted (as decode hands them over)
+        .filter(pl.struct("rank", "correlation").is_first_distinct())  # a ``unique`` costs twice as much
         .select(
             "rank",
             "correlation",
@@ -148,7 +149,7 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
     cpu_by_ext = (
         cpu_lazy.filter(pl.col("external_id").is_not_null() & (pl.col("external_id") != 0))
         .sort("uid")
-        .unique(subset=["rank", "external_id"], keep="first")
+        .filter(pl.struct("rank", "external_id").is_first_distinct())
         .select(
             "rank",
             pl.col("external_id").alias("_ext"),
@@ -175,14 +176,12 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
     ops_lazy = ops_lazy.with_columns(pl.when(ext_ok).then(pl.col("_ext_op")).alias("_ext_op"))
     ops, cpu = pl.collect_all([ops_lazy, cpu_lazy], engine=ENGINE)
     # time fallback: innermost cpu_op enclosing the runtime call on the same thread
-    need = ops.filter(pl.col("_ext_op").is_null() & has_rt).select(
-        "rank",
-        pl.col("cpu_pid").alias("pid"),
-        pl.col("cpu_tid").alias("tid"),
-        pl.col("uid").alias("qid"),
-        pl.col("runtime_ts_ns").alias("t"),
+    unlinked = ops.get_column("_ext_op").is_null() & ops.get_column("runtime_event_id").is_not_null()
+    need = picked(
+        ops, {"rank": "rank", "cpu_pid": "pid", "cpu_tid": "tid", "uid": "qid", "runtime_ts_ns": "t"}, unlinked
     )
-    intervals = cpu.select("rank", "pid", "tid", pl.col("event_id").alias("id"), "ts_ns", "end_ns")
+    lanes = {"rank": "rank", "pid": "pid", "tid": "tid"}
+    intervals = picked(cpu, {**lanes, "event_id": "id", "ts_ns": "ts_ns", "end_ns": "end_ns"})
     by_time = enclosing(intervals, need, lane=("rank", "pid", "tid")).select(
         pl.col("qid").alias("uid"), pl.col("id").alias("_time_op")
     )
