@@ -89,7 +89,7 @@ def _np_sweep(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequen
     tie = np.zeros(len(src), dtype=np.int64)
     if ids.dtype.is_integer() and not ids.null_count():
         tie[:n_iv] = ids.cast(pl.Int64).to_numpy()
-    perm = np.lexsort((tie, neg_dur, order, t, *reversed(keys)))
+    perm = _sweep_order(keys, t, order, neg_dur, tie)
     # every interval opens and closes in its lane, so a lane's deltas sum to 0 and one running sum
     # over the sorted rows is the per-lane depth
     depth = np.cumsum(delta[perm])
@@ -102,6 +102,56 @@ def _np_sweep(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequen
     else:
         lane_no = np.zeros(len(perm), dtype=np.int64)
     return _Sweep(lane=lane_no, order=order[perm], depth=depth, src=src[perm])
+
+
+def _packed(lanes: Sequence[np.ndarray], t: np.ndarray, order: np.ndarray) -> np.ndarray | None:
+    """One int64 per row that sorts as (lanes..., t, order) do; None when it would overflow.
+
+    A lane column becomes an order-preserving code: its offset from the minimum when the values are
+    dense (ranks, most pids), else its rank among the distinct values (thread ids)."""
+    code, width = np.zeros(len(t), dtype=np.int64), 1
+    for x in lanes:
+        lo, hi = int(x.min()), int(x.max())
+        if hi - lo < max(len(x), 1 << 16):
+            values, size = x - lo, hi - lo + 1
+        else:
+            distinct, values = np.unique(x, return_inverse=True)
+            values, size = values.reshape(-1), len(distinct)
+        width *= size
+        if width >= 2**40:
+            return None
+        code = code * size + values
+    t0 = int(t.min())
+    span = int(t.max()) - t0 + 1
+    if width * span * 4 >= 2**62:
+        return None
+    return (code * span + (t - t0)) * 4 + order
+
+
+def _sweep_order(
+    lanes: Sequence[np.ndarray], t: np.ndarray, order: np.ndarray, neg_dur: np.ndarray, tie: np.ndarray
+) -> np.ndarray:
+    """``np.lexsort((tie, neg_dur, order, t, *reversed(lanes)))``, the same permutation from fewer sorts.
+
+    A lexsort sorts once per key (seven here: 1.9 ms of a 3.3 ms sweep on dlrm_8rank's runtime
+    calls); the lanes, time and order packed into one key (``_packed``) sort once, and only the rows
+    that share a packed key (intervals starting together) are sorted further, by ``neg_dur`` and
+    ``tie``. Stable throughout, as the lexsort is.
+    """
+    packed = _packed(lanes, t, order) if len(t) else None
+    if packed is None:
+        return np.lexsort((tie, neg_dur, order, t, *reversed(lanes)))
+    perm = np.argsort(packed, kind="stable")
+    sorted_keys = packed[perm]
+    same = sorted_keys[1:] == sorted_keys[:-1]
+    if same.any():
+        shared = np.zeros(len(perm), dtype=bool)
+        shared[1:] |= same
+        shared[:-1] |= same
+        at = np.flatnonzero(shared)
+        rows = perm[at]  # index order within each run of equal keys (stable)
+        perm[at] = rows[np.lexsort((tie[rows], neg_dur[rows], packed[rows]))]
+    return perm
 
 
 def _last_before(sw: _Sweep, rows: np.ndarray, level: np.ndarray, strict: bool) -> np.ndarray | None:
