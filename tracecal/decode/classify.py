@@ -61,12 +61,12 @@ def _evidence(events: pl.DataFrame, pts: pl.DataFrame, names: NameIndex | None) 
     Each evidence set is its own lane (``tag``), so one sort answers all four questions.
     """
     lev = events.lazy()  # lazy plans, one collect before and one after the sweep
-    scopes = lev.filter(pl.col("kind").is_in(_SCOPE_KINDS))
+    scope = pl.col("kind").is_in(_SCOPE_KINDS)  # one filter per set: a name mask has the events' rows
     sets = [
         ("_autograd", lev.filter((pl.col("kind") == "cpu_op") & names_like(events, AUTOGRAD, names)), True),
-        ("_opt", scopes.filter(names_like(events, OPTIMIZER_SCOPE, names)), False),
-        ("_bwd", scopes.filter(names_like(events, BACKWARD_SCOPE, names)), False),
-        ("_fwd", scopes.filter(names_like(events, FORWARD_SCOPE, names)), False),
+        ("_opt", lev.filter(scope & names_like(events, OPTIMIZER_SCOPE, names)), False),
+        ("_bwd", lev.filter(scope & names_like(events, BACKWARD_SCOPE, names)), False),
+        ("_fwd", lev.filter(scope & names_like(events, FORWARD_SCOPE, names)), False),
     ]
     patterns = (AUTOGRAD, OPTIMIZER_SCOPE, BACKWARD_SCOPE, FORWARD_SCOPE)
     # a set no name of the batch matches covers nothing: skip it (inference captures have no autograd)
@@ -181,16 +181,22 @@ def phases_plan(events: pl.DataFrame, operators: pl.DataFrame, names: NameIndex 
     return out.drop("_autograd", "_opt", "_bwd", "_fwd", "_first_bwd", "_last_bwd")
 
 
+def _one_of(column: str, values: tuple[str, ...]) -> pl.Expr:
+    """``pl.col(column).is_in(values)`` inside ``when`` as comparisons: an ``is_in`` costs 0.25 ms of
+    fixed cost per plan, a comparison microseconds."""
+    return pl.any_horizontal(pl.col(column) == value for value in values)
+
+
 def component_expr() -> pl.Expr:
     """Component (SPEC §5.3) from ``family``, ``phase`` and the collective ``role`` columns."""
     return (
         pl.when(pl.col("family") == "comm")
         .then(
-            pl.when(pl.col("role").is_in(["tp", "dp", "pp", "ep"]))
+            pl.when(_one_of("role", ("tp", "dp", "pp", "ep")))
             .then(pl.lit("comm_") + pl.col("role"))
             .otherwise(pl.lit("comm_other"))
         )
-        .when(pl.col("family").is_in(["memcpy", "memset"]))
+        .when(_one_of("family", ("memcpy", "memset")))
         .then(pl.lit("memcpy"))
         .when(pl.col("phase") == "fwd")
         .then(pl.lit("compute_fwd"))

@@ -77,8 +77,13 @@ def end_series(events: pl.DataFrame) -> pl.Series:
     return (end.zip_with(dur.is_not_null(), ts) if dur.null_count() else end).alias("end_ns")
 
 
-def _cpu_ops(events: pl.DataFrame, names: NameIndex | None = None) -> pl.LazyFrame:
-    return events.lazy().filter((pl.col("kind") == "cpu_op") & ~names_like(events, PROFILER_STEP, names))
+def _cpu_ops(events: pl.DataFrame, names: NameIndex | None = None, but: tuple[str, ...] = ()) -> pl.LazyFrame:
+    """The ``cpu_op`` events but profiler steps, and but names matching ``but``: one filter (a name
+    mask has the events' rows)."""
+    kept = (pl.col("kind") == "cpu_op") & ~names_like(events, PROFILER_STEP, names)
+    for pattern in but:
+        kept = kept & ~names_like(events, pattern, names)
+    return events.lazy().filter(kept)
 
 
 def has_gpu_activity(events: pl.DataFrame) -> bool:
@@ -242,7 +247,7 @@ def cpu_leaf_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
 
     Same columns as ``link_gpu_operators``; the CPU operator of each row is the row itself.
     """
-    cpu = _cpu_ops(events, names).filter(~names_like(events, METADATA_OPS, names)).collect(engine=ENGINE)
+    cpu = _cpu_ops(events, names, but=(METADATA_OPS,)).collect(engine=ENGINE)
     par = parents(
         cpu.select("rank", "pid", "tid", pl.col("uid").alias("id"), "ts_ns", "end_ns"), lane=("rank", "pid", "tid")
     )
