@@ -8,6 +8,7 @@ its series costs microseconds: these helpers do that.
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
 
@@ -29,6 +30,15 @@ def picked(frame: pl.DataFrame, columns: dict[str, str], where: pl.Series | None
             for src, dst in columns.items()
         ]
     )
+
+
+def taken(frame: pl.DataFrame, rows: np.ndarray) -> pl.DataFrame:
+    """The rows of ``frame`` at ``rows`` (-1: a row of NULLs): one frame take (a series ``gather``
+    plans a query each, 30-80 us per column)."""
+    if (rows >= 0).all():
+        return frame[rows]
+    nulls = pl.DataFrame([pl.Series(name, [None], dtype=dtype) for name, dtype in frame.schema.items()])
+    return frame.vstack(nulls)[np.where(rows >= 0, rows, frame.height)]
 
 
 def coalesce(first: pl.Series, then: pl.Series) -> pl.Series:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from tracecal.decode.frames import coalesce, picked
+from tracecal.decode.frames import coalesce, picked, taken
 from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, launch_points, names_like, parents, rows_of
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
@@ -204,9 +204,8 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
     op_uid = ops.get_column("rank").filter(has_op).cast(pl.Int64) * (1 << UID_SHIFT) + cpu_op.filter(has_op)
     row = np.full(ops.height, -1, dtype=np.int64)
     row[has_op.to_numpy()] = rows_of(cpu.get_column("uid").to_numpy(), op_uid.to_numpy())
-    take = pl.Series(row)
-    take = take if has_op.all() else take.set(~has_op, None)
-    of_op = {dst: cpu.get_column(src).gather(take).alias(dst) for src, dst in _CPU_COLS.items() if src != "event_id"}
+    op_columns = {src: dst for src, dst in _CPU_COLS.items() if src != "event_id"}
+    of_op = taken(picked(cpu, {**op_columns, "pid": "_op_pid", "tid": "_op_tid"}), row)
     runtime_ts = ops.get_column("runtime_ts_ns")
     out = pl.DataFrame(
         [
@@ -214,12 +213,12 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
             *(ops.get_column(c) for c in ("stream", "correlation", "runtime_event_id", "runtime_name")),
             runtime_ts,
             ops.get_column("runtime_dur_ns"),
-            coalesce(ops.get_column("cpu_pid"), cpu.get_column("pid").gather(take)),
-            coalesce(ops.get_column("cpu_tid"), cpu.get_column("tid").gather(take)),
+            coalesce(ops.get_column("cpu_pid"), of_op.get_column("_op_pid")),
+            coalesce(ops.get_column("cpu_tid"), of_op.get_column("_op_tid")),
             cpu_op.alias("cpu_op_event_id"),
-            *of_op.values(),
+            *of_op.drop("_op_pid", "_op_tid").get_columns(),
             link.alias("link"),
-            coalesce(runtime_ts, of_op["cpu_op_ts_ns"]).alias("launch_ns"),
+            coalesce(runtime_ts, of_op.get_column("cpu_op_ts_ns")).alias("launch_ns"),
         ]
     )
     return out if out.get_column("uid").is_sorted() else out.sort("uid")
