@@ -118,7 +118,7 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
         cpu_fwd_thread_id, link, launch_ns (when the CPU issued the work: the runtime call's start,
         else the CPU operator's start; NULL when unlinked).
     """
-    # two lazy plans around the one sweep: each eager frame operation has a fixed cost
+    # one lazy plan before the one sweep, series operations after it: each eager frame operation has a fixed cost
     lev = events.lazy()
     gpu = lev.filter(pl.col("kind").is_in(GPU_KINDS)).select(
         "rank",
