@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from unittest import mock
 
+import numpy as np
 import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -65,3 +66,43 @@ def test_null_lanes_and_string_lanes() -> None:
     assert got["id"].to_list() == [1, 3, None]
     strings_only = enclosing(iv.drop("tid"), pts.drop("tid"), lane=("tag",)).sort("qid")
     assert strings_only["id"].to_list() == [2, 3, 2] and strings_only["depth"].to_list() == [2, 1, 2]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(
+        st.tuples(
+            st.integers(0, 2),
+            st.sampled_from([5, 10**13, -(10**13)]),
+            st.integers(0, 5),
+            st.integers(0, 3),
+            st.integers(-3, 0),
+            st.integers(0, 4),
+        ),
+        max_size=40,
+    ),
+    far=st.booleans(),
+)
+def test_packed_sweep_order_equals_lexsort(rows: list, far: bool) -> None:
+    cols = [np.array(c, dtype=np.int64) for c in zip(*rows, strict=True)] if rows else [np.zeros(0, np.int64)] * 6
+    rank, tid, t, order, neg_dur, tie = cols
+    if far and len(t):  # a time span too wide to pack: the lexsort itself
+        t = t.copy()
+        t[0] = -(2**62)
+    lanes = [rank, tid]
+    expected = np.lexsort((tie, neg_dur, order, t, *reversed(lanes)))
+    assert np.array_equal(nesting._sweep_order(lanes, t, order, neg_dur, tie), expected)
+
+
+def test_name_masks_equal_membership() -> None:
+    names = ["ProfilerStep#1", None, "aten::mm", "ProfilerStep#2", "aten::mm", None, "x"]
+    frame = pl.DataFrame({"name": names, "kind": ["a"] * len(names)})
+    index = nesting.NameIndex(frame, [r"^ProfilerStep#", r"^nothing$"])
+    for pattern in (r"^ProfilerStep#", r"^nothing$", r"mm$"):
+        mask = frame.select(nesting.names_like(frame, pattern, index)).to_series()
+        member = frame.select(index.like(pattern)).to_series()
+        assert mask.to_list() == member.to_list()
+        negated = frame.filter(~nesting.names_like(frame, pattern, index))  # NULL names stay out, as with is_in
+        assert negated.height == frame.filter(~index.like(pattern)).height
+    empty = pl.DataFrame({"name": [None, None]}, schema={"name": pl.Utf8})
+    assert empty.select(nesting.names_like(empty, "x", nesting.NameIndex(empty))).to_series().to_list() == [None, None]

@@ -410,11 +410,14 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
     n = inst.height
     if not active:
         return pl.DataFrame(_null_columns(["scope_role", "_next", "_prev"], [pl.Utf8, pl.Boolean, pl.Boolean], n))
-    scopes = events.lazy().filter(pl.col("kind").is_in(["cpu_op", "user_annotation", "python_function", "nvtx"]))
-    # lane ``tag``: the set's index in ``sets`` (an integer sorts fast; roles come first, in priority order)
+    scope = pl.col("kind").is_in(["cpu_op", "user_annotation", "python_function", "nvtx"])
+    # lane ``tag``: the set's index in ``sets`` (an integer sorts fast; roles come first, in priority
+    # order); one filter per set (a name mask has the events' rows)
     iv = pl.concat(
         [
-            scopes.filter(names_like(events, pat, names)).select(
+            events.lazy()
+            .filter(scope & names_like(events, pat, names))
+            .select(
                 "rank",
                 "pid",
                 "tid",

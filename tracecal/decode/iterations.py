@@ -17,6 +17,7 @@ from collections.abc import Collection
 import numpy as np
 import polars as pl
 
+from tracecal.decode.frames import sort_by
 from tracecal.decode.nesting import ENGINE, NameIndex, names_like
 from tracecal.errors import TraceFormatError
 
@@ -129,7 +130,7 @@ def iteration_windows(events: pl.DataFrame, marker: str | None = None, names: Na
                 schema=_WINDOW_SCHEMA,
             )
         )
-    marked = set(cands["rank"].unique().to_list())
+    marked = set(cands.get_column("rank").to_list())
     if not set(all_ranks["rank"].to_list()) <= marked:
         rest = events.select("rank", "kind", "ts_ns", "end_ns").filter(~pl.col("rank").is_in(list(marked)))
         cpu = rest.filter(pl.col("kind").is_in(_CPU_KINDS))
@@ -148,7 +149,7 @@ def iteration_windows(events: pl.DataFrame, marker: str | None = None, names: Na
         )
     if not parts:
         return pl.DataFrame(schema=_WINDOW_SCHEMA)
-    return pl.concat(parts, how="vertical_relaxed").sort("rank", "cpu_start_ns")
+    return sort_by(parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical_relaxed"), "rank", "cpu_start_ns")
 
 
 def assign_iterations(points: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
@@ -252,7 +253,7 @@ def iteration_spans(windows: pl.DataFrame, operators: pl.DataFrame, *, gpu_ranks
         gpu_start, gpu_end = gpu_start.set(~has_gpu, None), gpu_end.set(~has_gpu, None)
     cpu_dur = windows.get_column("cpu_end_ns") - windows.get_column("cpu_start_ns")
     dur = (gpu_end - gpu_start).zip_with(has_gpu, cpu_dur).alias("dur_ns")
-    return windows.hstack([gpu_start, gpu_end, dur]).sort("rank", "cpu_start_ns")
+    return sort_by(windows.hstack([gpu_start, gpu_end, dur]), "rank", "cpu_start_ns")
 
 
 def _span_key(rank: np.ndarray, iteration: np.ndarray) -> np.ndarray:

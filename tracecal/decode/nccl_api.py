@@ -62,9 +62,12 @@ def nccl_api_fields(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
     if names is not None and not names.any_like(NCCL_DATA_CALL):
         return _empty(inst)  # no NCCL range in the batch: no query plan over its events
     # lazy plans around the two sweeps: each eager frame operation has a fixed cost
-    nvtx = events.lazy().filter(pl.col("kind") == "user_annotation")
-    data = nvtx.filter(names_like(events, NCCL_DATA_CALL, names) & pl.col("coll_name").is_not_null()).collect(
-        engine=ENGINE
+    # one filter each (a name mask has the events' rows)
+    nvtx = pl.col("kind") == "user_annotation"
+    data = (
+        events.lazy()
+        .filter(nvtx & names_like(events, NCCL_DATA_CALL, names) & pl.col("coll_name").is_not_null())
+        .collect(engine=ENGINE)
     )
     if data.height == 0:
         return _empty(inst)
@@ -79,7 +82,7 @@ def nccl_api_fields(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
     seq_lazy = (
         pl.concat(
             [
-                nvtx.filter(names_like(events, _GROUP, names)).select(
+                events.lazy().filter(nvtx & names_like(events, _GROUP, names)).select(
                     *lane, "uid", "ts_ns", "end_ns", "event_id",
                     pl.when(pl.col("name") == "ncclGroupStart").then(1).otherwise(-1).alias("_d"),
                 ),

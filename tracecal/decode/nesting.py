@@ -89,7 +89,7 @@ def _np_sweep(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequen
     tie = np.zeros(len(src), dtype=np.int64)
     if ids.dtype.is_integer() and not ids.null_count():
         tie[:n_iv] = ids.cast(pl.Int64).to_numpy()
-    perm = np.lexsort((tie, neg_dur, order, t, *reversed(keys)))
+    perm = _sweep_order(keys, t, order, neg_dur, tie)
     # every interval opens and closes in its lane, so a lane's deltas sum to 0 and one running sum
     # over the sorted rows is the per-lane depth
     depth = np.cumsum(delta[perm])
@@ -102,6 +102,56 @@ def _np_sweep(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequen
     else:
         lane_no = np.zeros(len(perm), dtype=np.int64)
     return _Sweep(lane=lane_no, order=order[perm], depth=depth, src=src[perm])
+
+
+def _packed(lanes: Sequence[np.ndarray], t: np.ndarray, order: np.ndarray) -> np.ndarray | None:
+    """One int64 per row that sorts as (lanes..., t, order) do; None when it would overflow.
+
+    A lane column becomes an order-preserving code: its offset from the minimum when the values are
+    dense (ranks, most pids), else its rank among the distinct values (thread ids)."""
+    code, width = np.zeros(len(t), dtype=np.int64), 1
+    for x in lanes:
+        lo, hi = int(x.min()), int(x.max())
+        if hi - lo < max(len(x), 1 << 16):
+            values, size = x - lo, hi - lo + 1
+        else:
+            distinct, values = np.unique(x, return_inverse=True)
+            values, size = values.reshape(-1), len(distinct)
+        width *= size
+        if width >= 2**40:
+            return None
+        code = code * size + values
+    t0 = int(t.min())
+    span = int(t.max()) - t0 + 1
+    if width * span * 4 >= 2**62:
+        return None
+    return (code * span + (t - t0)) * 4 + order
+
+
+def _sweep_order(
+    lanes: Sequence[np.ndarray], t: np.ndarray, order: np.ndarray, neg_dur: np.ndarray, tie: np.ndarray
+) -> np.ndarray:
+    """``np.lexsort((tie, neg_dur, order, t, *reversed(lanes)))``, the same permutation from fewer sorts.
+
+    A lexsort sorts once per key (seven here: 1.9 ms of a 3.3 ms sweep on dlrm_8rank's runtime
+    calls); the lanes, time and order packed into one key (``_packed``) sort once, and only the rows
+    that share a packed key (intervals starting together) are sorted further, by ``neg_dur`` and
+    ``tie``. Stable throughout, as the lexsort is.
+    """
+    packed = _packed(lanes, t, order) if len(t) else None
+    if packed is None:
+        return np.lexsort((tie, neg_dur, order, t, *reversed(lanes)))
+    perm = np.argsort(packed, kind="stable")
+    sorted_keys = packed[perm]
+    same = sorted_keys[1:] == sorted_keys[:-1]
+    if same.any():
+        shared = np.zeros(len(perm), dtype=bool)
+        shared[1:] |= same
+        shared[:-1] |= same
+        at = np.flatnonzero(shared)
+        rows = perm[at]  # index order within each run of equal keys (stable)
+        perm[at] = rows[np.lexsort((tie[rows], neg_dur[rows], packed[rows]))]
+    return perm
 
 
 def _last_before(sw: _Sweep, rows: np.ndarray, level: np.ndarray, strict: bool) -> np.ndarray | None:
@@ -365,34 +415,40 @@ class NameIndex:
     together in one frame operation on first use (each operation has a fixed cost that dominates on
     small traces); ``later`` ones together when one of them is first asked for (patterns only some
     batches need: a batch that never asks does not compile or run them); others one at a time.
+
+    On the rows of the indexed frame itself (``names_like`` with that frame) the answer is a mask
+    column: each row's name is coded once as its place among the distinct names (an enum cast),
+    and a pattern's mask is a lookup of its flags per distinct name, where an ``is_in`` in a plan
+    costs 0.15-0.4 ms of fixed cost per use. The mask has the frame's rows: it stands in a plan over
+    the frame before any filter.
     """
 
     def __init__(self, frame: pl.DataFrame, patterns: Sequence[str] = (), later: Sequence[str] = ()) -> None:
-        self._names = frame.get_column("name").unique()
-        self._matches: dict[str, pl.Expr] = {}
-        self._counts: dict[str, int] = {}
+        self._frame = frame
+        names = frame.get_column("name").unique()
+        self._names = names.drop_nulls() if names.null_count() else names  # a NULL name matches nothing
+        self._flags: dict[str, np.ndarray] = {}  # per pattern, which of ``_names`` match
+        self._matches: dict[str, pl.Series] = {}
+        self._masks: dict[str, pl.Series] = {}
+        self._codes: tuple[np.ndarray, pl.Series | None] | None = None
         self._pending = list(dict.fromkeys(patterns))
         self._later = [p for p in dict.fromkeys(later) if p not in self._pending]
+
+    def indexes(self, frame: pl.DataFrame) -> bool:
+        """``frame`` is the indexed frame (its rows are the masks' rows)."""
+        return frame is self._frame
 
     def _match(self, patterns: list[str]) -> None:
         flags = self._names.to_frame("name").select(
             pl.col("name").str.contains(p).alias(f"_{i}") for i, p in enumerate(patterns)
         )
         for i, p in enumerate(patterns):
-            hits = self._names.filter(flags.get_column(f"_{i}"))
-            # imploded inside the expression (``is_in`` wants a list): a Python list of the hits and
-            # a Series built from it cost 0.25 ms per match of sampled_2_of_128's 403 names, this 0.04
-            self._matches[p] = pl.lit(hits).implode()
-            self._counts[p] = hits.len()
+            matched = flags.get_column(f"_{i}")
+            self._flags[p] = matched.to_numpy()
+            self._matches[p] = self._names.filter(matched)
 
-    def any_like(self, pattern: str) -> bool:
-        """Some name of the batch matches ``pattern`` (else a sweep over its ranges can be skipped)."""
-        self.like(pattern)
-        return self._counts[pattern] > 0
-
-    def like(self, pattern: str, column: str = "name") -> pl.Expr:
-        """``pl.col(column).str.contains(pattern)`` for a column whose values are names of this batch
-        (``name``, or an operator's ``cpu_op_name``); NULL stays NULL."""
+    def _hits(self, pattern: str) -> pl.Series:
+        """The batch's names that match ``pattern``."""
         if pattern not in self._matches:
             if pattern in self._later:
                 self._match([pattern, *(p for p in self._later if p != pattern and p not in self._matches)])
@@ -400,9 +456,39 @@ class NameIndex:
             else:
                 self._match([pattern, *(p for p in self._pending if p != pattern and p not in self._matches)])
                 self._pending = []
-        return pl.col(column).is_in(self._matches[pattern])
+        return self._matches[pattern]
+
+    def any_like(self, pattern: str) -> bool:
+        """Some name of the batch matches ``pattern`` (else a sweep over its ranges can be skipped)."""
+        return self._hits(pattern).len() > 0
+
+    def like(self, pattern: str, column: str = "name") -> pl.Expr:
+        """``pl.col(column).str.contains(pattern)`` for a column whose values are names of this batch
+        (``name``, or an operator's ``cpu_op_name``); NULL stays NULL."""
+        # imploded inside the expression (``is_in`` wants a list): a Python list of the hits and a
+        # Series built from it cost 0.25 ms per match of sampled_2_of_128's 403 names, this 0.04
+        return pl.col(column).is_in(pl.lit(self._hits(pattern)).implode())
+
+    def rows_like(self, pattern: str) -> pl.Expr:
+        """``like(pattern)`` as the indexed frame's mask column (NULL where the name is NULL)."""
+        if pattern not in self._masks:
+            if self._codes is None:  # each row's name as its place in ``_names`` (NULL: 0, masked below)
+                name = self._frame.get_column("name")
+                place = name.cast(pl.Enum(self._names)).to_physical().cast(pl.Int64)
+                nulls = name.is_null() if name.null_count() else None
+                self._codes = ((place.fill_null(0) if nulls is not None else place).to_numpy(), nulls)
+            rows, nulls = self._codes
+            self._hits(pattern)
+            flags = self._flags[pattern]
+            mask = pl.Series(flags[rows] if len(flags) else np.zeros(len(rows), dtype=bool))
+            self._masks[pattern] = mask if nulls is None else mask.set(nulls, None)
+        return pl.lit(self._masks[pattern])
 
 
 def names_like(frame: pl.DataFrame, pattern: str, names: NameIndex | None = None) -> pl.Expr:
-    """``pl.col("name").str.contains(pattern)`` via ``names`` (or the distinct names of ``frame``)."""
+    """``pl.col("name").str.contains(pattern)`` via ``names`` (or the distinct names of ``frame``):
+    a mask column when ``names`` indexes ``frame`` itself (the expression then belongs in a plan
+    over ``frame``'s rows, before any filter), else a membership test of the column."""
+    if names is not None and names.indexes(frame):
+        return names.rows_like(pattern)
     return (names or NameIndex(frame)).like(pattern)

@@ -10,13 +10,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import polars as pl
 
 from tracecal.decode import classify, collectives, link
 from tracecal.decode.classify import component_expr, phases_plan
 from tracecal.decode.collectives import Layout, rank_collectives
+from tracecal.decode.frames import coalesce, with_series
 from tracecal.decode.iterations import DEFAULT_MARKER, iteration_spans, iteration_windows, window_of
-from tracecal.decode.link import END_NS, GPU_KINDS, cpu_leaf_operators, link_gpu_operators, outermost_scope, uid_series
+from tracecal.decode.link import (
+    GPU_KINDS,
+    cpu_leaf_operators,
+    end_series,
+    link_gpu_operators,
+    outermost_scope,
+    uid_series,
+)
 from tracecal.decode.nesting import ENGINE, NameIndex
 from tracecal.decode.shapes import family_shape_table
 from tracecal.schema import OPERATORS
@@ -75,10 +84,13 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
     uid = uid_series(events)
     if uid.is_sorted():  # as read back: later sorts by uid take polars' fast path
         uid = uid.set_sorted()
-    ev = events.select(*DECODE_COLUMNS, END_NS, uid)  # ``with_end``
-    rank = ev.get_column("rank")
-    all_ranks = rank.unique()
-    gpu_ranks = frozenset(rank.filter(ev.get_column("kind").is_in(GPU_KINDS)).unique().to_list())
+    ev = pl.DataFrame([*(events.get_column(c) for c in DECODE_COLUMNS), end_series(events), uid])  # ``with_end``
+    rank = ev.get_column("rank").to_numpy()
+    all_ranks = np.unique(rank)
+    kind = ev.get_column("kind")
+    kind = kind.fill_null("") if kind.null_count() else kind
+    on_gpu_kind = np.logical_or.reduce([(kind == k).to_numpy() for k in GPU_KINDS])  # ``is_in`` plans a query
+    gpu_ranks = frozenset(np.unique(rank[on_gpu_kind]).tolist())
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
     # each regex once per distinct name; the collectives' context patterns only when the batch has
     # instances, the metadata-op pattern only when it has CPU-only ranks (compiling and running a
@@ -96,8 +108,8 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
         parts.append(cpu_leaf_operators(ev.filter(~on_gpu) if mixed else ev, names))
     ops = parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical_relaxed")
     ops = outermost_scope(ev, ops, names=names)
-    when = ops.select(pl.coalesce("launch_ns", "ts_ns")).to_series()
-    ops = ops.with_columns(window_of(ops.get_column("rank"), when, windows))
+    when = coalesce(ops.get_column("launch_ns"), ops.get_column("ts_ns"))
+    ops = with_series(ops, window_of(ops.get_column("rank"), when, windows))
     # collectives, families and shapes read no phase: the phases are planned, not collected, and
     # finished in the final plan with the family / shape table and the collectives' roles
     colls = rank_collectives(ev, ops, layout=layout, gpu_ranks=gpu_ranks, names=names)

@@ -21,11 +21,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
 from tracecal.decode.align import apply_offsets, best_iteration, clock_offsets, match_collectives
 from tracecal.decode.collectives import Layout
+from tracecal.decode.frames import with_series
 from tracecal.decode.iterations import DEFAULT_MARKER
 from tracecal.decode.rank import DECODE_COLUMNS, decode_ranks
 from tracecal.errors import RunNotFoundError, TraceFormatError
@@ -285,7 +287,7 @@ def decode_stored_run(
         for table in (OPERATORS, COLLECTIVES, ITERATIONS):
             con.execute(f"DELETE FROM {table.name} WHERE run_id = ?", [run_id])  # name from schema
     if given is not None:
-        ranks = sorted(given.get_column("rank").unique().to_list())
+        ranks = np.unique(given.get_column("rank").to_numpy()).tolist()  # a series ``unique`` plans a query
         batches = [(ranks[0], ranks[-1])] if ranks else []
     else:
         sizes = con.execute(
@@ -342,7 +344,7 @@ def decode_stored_run(
     if len(ranks) > 1:
         colls = match_collectives(colls)
     else:  # a single rank has nobody to match with
-        colls = colls.with_columns(pl.lit(None, dtype=pl.Int64).alias("match_id"))
+        colls = with_series(colls, pl.Series("match_id", [None] * colls.height, dtype=pl.Int64))
     offsets = clock_offsets(colls, ranks)
     its, colls = apply_offsets(its, colls, offsets)
     # one statement for all ranks (a statement costs 1-4 ms, a run can have hundreds of ranks), the
