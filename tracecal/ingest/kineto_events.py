@@ -166,11 +166,17 @@ event, a third of a GPU trace's events, makes one small Struct instead of an eve
 ids and timestamps (7 ms less of the 42 ms that decoding and picking the complete events of the A100
 trace took). A phase not listed fails the strict decoder, and the trace is read by the lenient one."""
 
-StrictEvent: Any = CompleteEvent
-for _phase in _OTHER_PHASES:
-    StrictEvent = StrictEvent | msgspec.defstruct(
-        f"IncompleteEvent{ord(_phase)}", [], bases=(IncompleteEvent,), tag=_phase, gc=False, module=__name__
-    )
+
+def _strict_event_union() -> Any:
+    """``CompleteEvent`` or one ``IncompleteEvent`` subclass per phase of ``_OTHER_PHASES``."""
+    union: Any = CompleteEvent
+    for phase in _OTHER_PHASES:
+        name = f"IncompleteEvent{ord(phase)}"
+        union = union | msgspec.defstruct(name, [], bases=(IncompleteEvent,), tag=phase, gc=False, module=__name__)
+    return union
+
+
+StrictEvent: Any = _strict_event_union()
 """One event, strict: ``CompleteEvent`` or an ``IncompleteEvent``, told apart by ``ph``."""
 
 _ARG_NAMES = tuple(attr for attr, _, _ in _ARG_FIELDS)
