@@ -17,7 +17,7 @@ Bytes per nanosecond are GB/s.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,6 +25,7 @@ import orjson
 import polars as pl
 
 from tracecal.decode import nccl_api
+from tracecal.decode.frames import nulls, taken
 from tracecal.decode.nccl_api import nccl_api_fields
 from tracecal.decode.nesting import ENGINE, NameIndex, covered, enclosing, launch_points, names_like, rows_of
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
@@ -229,11 +230,6 @@ def _lane_points(points: pl.DataFrame, tags: list[int]) -> pl.DataFrame:
     )
 
 
-def _null_columns(names: Sequence[str], dtypes: Sequence[pl.DataType | type[pl.DataType]], n: int) -> list[pl.Series]:
-    """``n`` NULLs per column (built from lists: no query plan)."""
-    return [pl.Series(name, [None] * n, dtype=dtype) for name, dtype in zip(names, dtypes, strict=True)]
-
-
 def _tagged(tag: str) -> list[str]:
     """The context columns of one kind: ``_ATTRS`` prefixed with its tag (``r_name``, ...)."""
     return [tag + c for c in _ATTRS]
@@ -248,12 +244,15 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | 
     With the other per-instance helpers returning aligned rows too (hstacked, not joined on uid),
     ``rank_collectives`` went from 13.6 to 10.9 ms CPU on gloo, 9.0 to 7.7 ms on sampled.
     """
-    schema = events.schema
-    attr_types = [schema[c] for c in _ATTRS]
+    attr_types = [events.schema[c] for c in _ATTRS]
     n = inst.height
+
+    def unknown(tag: str) -> list[pl.Series]:
+        return nulls(dict(zip(_tagged(tag), attr_types, strict=True)), n)
+
     active = [i for i, (_, _, pattern) in enumerate(_CONTEXT) if names is None or names.any_like(pattern)]
     if not active:  # no context names in the batch (a trace without record_param_comms, annotations, c10d)
-        return pl.DataFrame([s for tag, _, _ in _CONTEXT for s in _null_columns(_tagged(tag), attr_types, n)])
+        return pl.DataFrame([s for tag, _, _ in _CONTEXT for s in unknown(tag)])
     # lane ``tag``: the context's index (an integer sorts fast). The kinds' names are disjoint, so one
     # pass over the events tags them all (a filter per kind took 0.8 ms on sampled, one pass 0.5 ms)
     lane_tag = pl.coalesce(
@@ -271,25 +270,24 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | 
     points = launch_points(inst)
     rows = points.get_column("qid").to_numpy()
     found = enclosing(iv, _lane_points(points, active), lane=("rank", "pid", "tid", "tag"))
-    # per point (``qid``), the enclosing range's row in ``iv`` (uids are unique); ``iv.height``, a
-    # NULL row, for none
+    # per point (``qid``), the enclosing range's row in ``iv`` (uids are unique); -1 for none
     ids = found.get_column("id")
     hit = ids.is_not_null()
-    at = np.full(found.height, iv.height)
+    at = np.full(found.height, -1)
     at[found.get_column("qid").filter(hit).to_numpy()] = rows_of(
         iv.get_column("id").to_numpy(), ids.filter(hit).to_numpy()
     )
     # frame takes and numpy: no query plan (a series gather or extend runs one: 40-70 us each)
-    attrs = pl.DataFrame([iv.get_column(c) for c in _ATTRS]).vstack(pl.DataFrame(_null_columns(_ATTRS, attr_types, 1)))
+    attrs = pl.DataFrame([iv.get_column(c) for c in _ATTRS])
     columns = []
     for i, (tag, _, _) in enumerate(_CONTEXT):
         if i not in active:
-            columns += _null_columns(_tagged(tag), attr_types, n)
+            columns += unknown(tag)
             continue
         k = active.index(i)
-        row = np.full(n, iv.height)
+        row = np.full(n, -1)
         row[rows] = at[k * len(rows) : (k + 1) * len(rows)]
-        lane_attrs = attrs[row]
+        lane_attrs = taken(attrs, row)
         lane_attrs.columns = _tagged(tag)
         columns += lane_attrs.get_columns()
     return pl.DataFrame(columns)
@@ -409,7 +407,7 @@ def _scope_evidence(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex |
     active = [i for i, (_, pat) in enumerate(sets) if names is None or names.any_like(pat)]
     n = inst.height
     if not active:
-        return pl.DataFrame(_null_columns(["scope_role", "_next", "_prev"], [pl.Utf8, pl.Boolean, pl.Boolean], n))
+        return pl.DataFrame(nulls({"scope_role": pl.Utf8, "_next": pl.Boolean, "_prev": pl.Boolean}, n))
     scope = pl.col("kind").is_in(["cpu_op", "user_annotation", "python_function", "nvtx"])
     # lane ``tag``: the set's index in ``sets`` (an integer sorts fast; roles come first, in priority
     # order); one filter per set (a name mask has the events' rows)

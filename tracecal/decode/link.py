@@ -72,9 +72,8 @@ def uid_series(events: pl.DataFrame) -> pl.Series:
 
 def end_series(events: pl.DataFrame) -> pl.Series:
     """``END_NS`` as a series operation (no query plan)."""
-    ts, dur = events.get_column("ts_ns"), events.get_column("dur_ns")
-    end = ts + dur
-    return (end.zip_with(dur.is_not_null(), ts) if dur.null_count() else end).alias("end_ns")
+    ts = events.get_column("ts_ns")
+    return coalesce(ts + events.get_column("dur_ns"), ts).alias("end_ns")
 
 
 def _cpu_ops(events: pl.DataFrame, names: NameIndex | None = None, but: tuple[str, ...] = ()) -> pl.LazyFrame:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from tracecal.decode.frames import nulls
 from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, names_like
 
 NCCL_DATA_CALL = (
@@ -41,7 +42,7 @@ FIELDS = {
 
 def _empty(inst: pl.DataFrame) -> pl.DataFrame:
     """No NCCL range says anything (series, not a query plan: the usual case, Kineto traces)."""
-    return pl.DataFrame([pl.Series("n_" + c, [None] * inst.height, dtype=t) for c, t in FIELDS.items()])
+    return pl.DataFrame(nulls({"n_" + c: t for c, t in FIELDS.items()}, inst.height))
 
 
 def _single(col: str) -> pl.Expr:
