@@ -8,7 +8,8 @@
 For each run (a directory of rank traces, or one trace file), each case runs in a fresh Python
 process (imports excluded from the timing); CPU time and peak RSS come from the kernel's accounting
 (``getrusage``, ``/proc``), so that measuring adds nothing to the measured process (see ``_Usage``):
-- ``tracecal -j1``: ``ingest_runs`` with one worker into a new database — parse + load, then the
+- ``tracecal -j1``: ``ingest_runs`` with one worker into a new database (made, as trace-ingest makes
+  it, from the cached empty-database template) — parse + load, then the
   decode step (operators, collectives, iterations) reported separately; as in ``trace-ingest``, the
   helpers (``-j2``) are forked before DuckDB and polars are imported;
 - ``tracecal -j2``: the same with two worker processes (runs with several files only);
@@ -110,6 +111,7 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
     importing = time.perf_counter(), usage.cpu_seconds()  # this process only: the helpers warm up meanwhile
     for module in ("tracecal.sql.decoding", "tracecal.sql.connection", "tracecal.sql.load", "polars"):
         importlib.import_module(module)
+    from tracecal.config import resolve_cache_dir
     from tracecal.sql import load
     from tracecal.sql.connection import open_database
 
@@ -123,7 +125,7 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
 
     load.decode_stored_run = mark_then_decode
     with tempfile.TemporaryDirectory() as tmp:
-        with pool, open_database(Path(tmp) / "bench.duckdb") as con:
+        with pool, open_database(Path(tmp) / "bench.duckdb", cache_dir=resolve_cache_dir()) as con:
             marks.append((usage.cpu_seconds(pool.helper_pids), usage.main_peak()))
             report = load.ingest_runs(con, [run], load.IngestOptions(workers=workers), pool=pool)
         wall = time.perf_counter() - started - import_wall

@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from tracecal.cli.main import app
-from tracecal.sql.connection import open_database
+from tracecal.sql import connection
+from tracecal.sql.connection import open_database, template_path
 
 runner = CliRunner()
 
@@ -61,3 +63,16 @@ def test_every_command_has_help() -> None:
         assert command.help, f"command {name} has no help text"
         sub = runner.invoke(app, [name, "--help"])
         assert sub.exit_code == 0, name
+
+
+def test_a_writing_command_copies_its_new_database_from_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TRACECAL_CACHE_DIR", str(cache))
+    first = runner.invoke(app, ["sql", "select count(*) from runs", "--write", "--db", str(tmp_path / "a.duckdb")])
+    assert first.exit_code == 0, first.output
+    assert template_path(cache).exists()
+    monkeypatch.setattr(connection, "create_views", lambda con, **kw: pytest.fail("the copy's schema is current"))
+    second = runner.invoke(app, ["sql", "select count(*) from runs", "--write", "--db", str(tmp_path / "b.duckdb")])
+    assert second.exit_code == 0, second.output

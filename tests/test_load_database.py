@@ -1,5 +1,6 @@
 """Opening a new database: the schema is made in one transaction, or statement by statement when a
-view cannot bind yet (a failed statement aborts a DuckDB transaction)."""
+view cannot bind yet (a failed statement aborts a DuckDB transaction); with a cache directory, a new
+database is a copy of an empty one made once (the template)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,25 @@ from pathlib import Path
 
 import pytest
 
+from tracecal.config import resolve_cache_dir
 from tracecal.schema import TABLES
 from tracecal.sql import connection
 from tracecal.sql.connection import open_database
+
+
+def _catalog(path: Path) -> list[tuple[object, ...]]:
+    """Every table, view and column of a database with its type and comment, and tracecal_meta."""
+    with open_database(path, read_only=True) as con:
+        columns = con.execute(
+            "SELECT table_name, column_index, column_name, data_type, comment FROM duckdb_columns() "
+            "WHERE NOT internal ORDER BY ALL"
+        ).fetchall()
+        comments = con.execute(
+            "SELECT table_name, comment FROM duckdb_tables() UNION ALL "
+            "SELECT view_name, comment FROM duckdb_views() WHERE NOT internal ORDER BY ALL"
+        ).fetchall()
+        meta = con.execute("SELECT * FROM tracecal_meta ORDER BY ALL").fetchall()
+    return [*columns, *comments, *meta]
 
 
 def _objects(path: Path) -> tuple[set[str], set[str]]:
@@ -52,3 +69,76 @@ def test_views_in_an_order_that_cannot_bind_fall_back_to_statement_by_statement(
     assert {t.name for t in TABLES} <= tables
     assert {p.stem for p in files} <= views
     assert len(calls) == 2
+
+
+def test_a_new_database_copied_from_the_template_equals_one_made_in_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The template is built by the first new database (its DDL runs once), later ones are copies
+    with the same tables, views, columns, comments and metadata, and take rows like any other."""
+    cache = tmp_path / "cache"
+    views_made: list[int] = []
+    create_views = connection.create_views
+
+    def counted_create_views(con: object, **kwargs: bool) -> None:
+        views_made.append(1)
+        create_views(con, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(connection, "create_views", counted_create_views)
+    for name in ("first.duckdb", "second.duckdb", "third.duckdb"):
+        with open_database(tmp_path / name, cache_dir=cache) as con:
+            con.execute("INSERT INTO tracecal_meta VALUES (?, 'x')", [name])
+    assert len(views_made) == 1
+    assert connection.template_path(cache).exists()
+    with open_database(tmp_path / "in_place.duckdb") as con:
+        con.execute("INSERT INTO tracecal_meta VALUES ('third.duckdb', 'x')")
+    assert _catalog(tmp_path / "third.duckdb") == _catalog(tmp_path / "in_place.duckdb")
+    with open_database(tmp_path / "second.duckdb", read_only=True) as con:  # each copy is its own database
+        assert con.execute("SELECT key FROM tracecal_meta WHERE value = 'x'").fetchall() == [("second.duckdb",)]
+
+
+def test_a_damaged_template_is_dropped_and_the_database_made_in_place(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    connection.template_path(cache).write_bytes(b"not a duckdb file" * 1000)
+    with open_database(tmp_path / "a.duckdb", cache_dir=cache):
+        pass
+    assert not connection.template_path(cache).exists()
+    tables, views = _objects(tmp_path / "a.duckdb")
+    assert {t.name for t in TABLES} <= tables
+    assert {p.stem for p in connection.view_files()} <= views
+
+
+def test_an_unusable_cache_directory_still_opens_the_database(tmp_path: Path) -> None:
+    (tmp_path / "a_file").write_text("in the way")
+    with open_database(tmp_path / "a.duckdb", cache_dir=tmp_path / "a_file" / "cache"):
+        pass
+    tables, _ = _objects(tmp_path / "a.duckdb")
+    assert {t.name for t in TABLES} <= tables
+
+
+def test_an_existing_database_is_never_replaced_by_the_template(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    with open_database(tmp_path / "kept.duckdb") as con:
+        con.execute("INSERT INTO tracecal_meta VALUES ('mine', 'kept')")
+    with open_database(tmp_path / "kept.duckdb", cache_dir=cache) as con:
+        assert con.execute("SELECT value FROM tracecal_meta WHERE key = 'mine'").fetchall() == [("kept",)]
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"TRACECAL_CACHE_DIR": "/c", "XDG_CACHE_HOME": "/x"}, Path("/c")),
+        ({"TRACECAL_CACHE_DIR": ""}, None),
+        ({"XDG_CACHE_HOME": "/x"}, Path("/x/tracecal")),
+        ({"HOME": "/h"}, Path("/h/.cache/tracecal")),
+    ],
+)
+def test_cache_directory_from_the_environment(
+    env: dict[str, str], expected: Path | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name in ("TRACECAL_CACHE_DIR", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert resolve_cache_dir() == expected

@@ -8,6 +8,7 @@ from pathlib import Path
 
 DEFAULT_DB = Path("tracecal.duckdb")
 DB_ENV = "TRACECAL_DB"
+CACHE_ENV = "TRACECAL_CACHE_DIR"
 
 
 def resolve_db_path(flag: Path | None) -> Path:
@@ -16,6 +17,17 @@ def resolve_db_path(flag: Path | None) -> Path:
         return flag
     env = os.environ.get(DB_ENV)
     return Path(env) if env else DEFAULT_DB
+
+
+def resolve_cache_dir() -> Path | None:
+    """Where tracecal keeps files it can always rebuild (the empty-database template that makes a new
+    database a file copy): ``$TRACECAL_CACHE_DIR``, else ``$XDG_CACHE_HOME/tracecal``, else
+    ``~/.cache/tracecal``. ``TRACECAL_CACHE_DIR=`` (empty) turns the cache off."""
+    env = os.environ.get(CACHE_ENV)
+    if env is not None:
+        return Path(env) if env else None
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "tracecal"
 
 
 def model_store_dir(db_path: Path) -> Path:
@@ -28,7 +40,8 @@ class Settings:
     """What every command needs to know about where it works."""
 
     db_path: Path
+    cache_dir: Path | None
 
     @classmethod
     def resolve(cls, db: Path | None = None) -> Settings:
-        return cls(db_path=resolve_db_path(db))
+        return cls(db_path=resolve_db_path(db), cache_dir=resolve_cache_dir())

@@ -88,7 +88,7 @@ def calibrate(
 
         settings = Settings.resolve(db)
         published_frame = _published(published or [])
-        with open_database(settings.db_path) as con, progress_bar() as bar:
+        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con, progress_bar() as bar:
             task = bar.add_task("calibrating", total=None)
 
             def progress(key: Any, index: int, total: int) -> None:

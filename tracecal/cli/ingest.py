@@ -68,7 +68,7 @@ def ingest(
                 iteration_marker=iteration_marker,
                 layout=flags,
             )
-            with progress_bar() as bar, open_database(settings.db_path) as con:
+            with progress_bar() as bar, open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
                 tasks: dict[str, object] = {}
 
                 def on_progress(update: Progress) -> None:

@@ -72,7 +72,7 @@ def predict(
         factors = parse_scale(scale or [])
         resolved = _resolve_mode(mode, cluster, scale or [])
         settings = Settings.resolve(db)
-        with open_database(settings.db_path) as con:
+        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
             model = None
             if resolved == "predicted":
                 if not cluster:
@@ -176,7 +176,7 @@ def validate(
         resolved = _resolve_mode(mode, cluster, scale or [])
         settings = Settings.resolve(db)
         results = []
-        with open_database(settings.db_path) as con:
+        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
             run_ids = runs or _default_runs(con, cluster)
             model = None
             if resolved == "predicted":

@@ -44,7 +44,7 @@ def sql(
         if fmt == "parquet" and output is None:
             raise QueryError("--format parquet needs --output PATH")
         settings = Settings.resolve(db)
-        with open_database(settings.db_path, read_only=not write) as con:
+        with open_database(settings.db_path, read_only=not write, cache_dir=settings.cache_dir) as con:
             result = run_query(con, text)
         if output is not None:
             write_result(result, "csv" if fmt == "table" else fmt, output)

@@ -90,7 +90,7 @@ def compute(
         if (config is None) == (from_run is None):
             raise SampleError("give exactly one of --config GRID or --from-run RUN")
         settings = Settings.resolve(db)
-        with open_database(settings.db_path) as con:
+        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
             extra, autograd = None, not inference
             if from_run is not None:
                 plan = run_points(con, from_run, dtype)
@@ -194,12 +194,12 @@ def comm(
                 stdout.print(f"{cluster}: {written} comm samples written to {settings.db_path}")
             return
         run = sampler.settings_from_args(args, cuda=False)
-        with open_database(settings.db_path) as con:
+        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
             stored = frozenset(existing_sample_ids(con, cluster))
         with progress_bar() as bar:
             bar.add_task(f"{world_size} gloo ranks sampling", total=None)
             table = sampler.spawn_local(run, world_size, stored)
-        with open_database(settings.db_path) as con:
+        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
             written = write_samples(con, table, origin="comm sampler")
             flags = _reflag(con, cluster) if written else {}
         stdout.print(

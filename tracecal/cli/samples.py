@@ -38,7 +38,7 @@ def import_(
 
             if not cluster:
                 raise SampleError("--cluster NAME is required with --format gpumodeling25 (e.g. --cluster perlmutter)")
-            with open_database(settings.db_path) as con, progress_bar() as bar:
+            with open_database(settings.db_path, cache_dir=settings.cache_dir) as con, progress_bar() as bar:
                 task = bar.add_task("importing", total=None)
 
                 def progress(done: int, total: int, label: str) -> None:
@@ -53,7 +53,7 @@ def import_(
         else:
             from tracecal.sql.samples import import_parquet
 
-            with open_database(settings.db_path) as con:
+            with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
                 written = import_parquet(con, path, cluster)
             stdout.print(f"imported {written} samples from {path} into {settings.db_path}")
 
@@ -128,7 +128,7 @@ def flag(
 
     with user_errors():
         settings = Settings.resolve(db)
-        with open_database(settings.db_path) as con:
+        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
             counts = reflag_cluster(con, cluster)
         text = ", ".join(f"{n} {reason}" for reason, n in counts.items()) or "none"
         stdout.print(f"cluster {cluster}: flagged {text}")
