@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from unittest import mock
 
+from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
 from tracecal.sql import load
 from tracecal.sql.connection import open_database
 from tracecal.sql.load import IngestOptions, ingest_runs
@@ -111,7 +112,8 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", type=Path, help="more run directories (e.g. a tracecal workload run)")
     args = parser.parse_args()
     if args.child is not None:  # one timed ingest for --cold, imported first as ingest_vs_hta.py does
-        for module in ("tracecal.ingest.kineto", "pyarrow.compute", "pandas", "pyarrow.pandas_compat"):
+        keep_pandas_out_of_pyarrow()  # as trace-ingest does
+        for module in ("tracecal.ingest.kineto", "pyarrow.compute"):
             importlib.import_module(module)
         if args.warm_up:
             _ingest(args.child, args.workers, True)

@@ -96,11 +96,13 @@ class _Usage:
 def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
     import importlib
 
-    # As trace-ingest does: the parser (and pandas, which pyarrow imports on first use) first, the
-    # helpers forked from that smaller process, then DuckDB, polars and the loader (untimed imports).
+    # As trace-ingest does: pandas kept out of pyarrow, the parser imported, the helpers forked from
+    # that smaller process, then DuckDB, polars and the loader (untimed imports).
+    from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
     from tracecal.ingest.pool import ParserPool
 
-    for module in ("tracecal.ingest.kineto", "pandas", "pyarrow.pandas_compat", "pyarrow.vendored.version"):
+    keep_pandas_out_of_pyarrow()
+    for module in ("tracecal.ingest.kineto", "pyarrow.vendored.version"):
         importlib.import_module(module)  # imported before timing, as HTA's are
     usage = _Usage()
     started = time.perf_counter()

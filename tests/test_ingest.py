@@ -6,6 +6,7 @@ import gzip
 import importlib.abc
 import json
 import os
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -248,11 +249,35 @@ class _NoPandas(importlib.abc.MetaPathFinder):
 
 
 def test_a_started_pool_needs_no_pandas(monkeypatch: pytest.MonkeyPatch) -> None:
-    """pandas is preloaded for pyarrow's sake when installed, never required: without it the pool
-    still starts and parses."""
+    """tracecal never requires pandas: without it the pool still starts and parses."""
     monkeypatch.delitem(sys.modules, "pandas", raising=False)
     monkeypatch.setattr(sys, "meta_path", [_NoPandas(), *sys.meta_path])
     with pool.ParserPool(1).start() as parsers:
         files = discover_run(KINETO / "sampled_2_of_128").files
         parsed = [r for _, ranks in parsers.parse(files, "raise", []) for r in ranks]
     assert sorted(r.rank for r in parsed) == [0, 1]
+
+
+_INGEST_THEN_PANDAS = """
+import sys, tempfile
+from pathlib import Path
+from tracecal.ingest.pool import ParserPool
+pool = ParserPool(2).start()  # as trace-ingest: helpers forked before DuckDB and the loader are imported
+from tracecal.sql.connection import open_database, query_arrow
+from tracecal.sql.load import IngestOptions, ingest_runs
+with tempfile.TemporaryDirectory() as tmp, pool, open_database(Path(tmp) / "t.duckdb") as con:
+    report = ingest_runs(con, [Path(sys.argv[1])], IngestOptions(workers=2), pool=pool)
+    events = query_arrow(con, "SELECT * FROM events LIMIT 3")
+print(report.runs[0].events, "pandas" in sys.modules, len(events.to_pandas()))
+"""
+
+
+def test_ingest_keeps_pandas_out_and_an_explicit_conversion_still_gets_it() -> None:
+    """pyarrow would import pandas (0.15-0.3 s) on its first array: a whole ingest and decode runs
+    without it, and a later ``to_pandas()`` imports it as usual."""
+    pytest.importorskip("pandas")
+    out = subprocess.run(
+        [sys.executable, "-c", _INGEST_THEN_PANDAS, str(KINETO / "dlrm_8rank")],
+        capture_output=True, text=True, check=True, timeout=300,
+    )  # fmt: skip
+    assert out.stdout.split() == ["19789", "False", "3"]

@@ -29,7 +29,7 @@ Helpers are started one of two ways:
 - ``ParserPool(n).start()`` *before any DuckDB connection is opened in this process* forks them at
   once from the caller (``fork``: the helpers inherit every imported module and start in about a
   millisecond, so even a run of a few 1 MB ranks is worth splitting; ``start`` imports the parser
-  and pandas first, see ``_PRELOAD``). ``trace-ingest`` calls it before it imports DuckDB, polars
+  first, see ``_PRELOAD``). ``trace-ingest`` calls it before it imports DuckDB, polars
   and the loader: a smaller process forks faster and the caller's later writes copy fewer shared
   pages. Forking is only safe while the process has no DuckDB threads: a thread that holds a lock at
   the moment of the fork leaves it locked forever in the child. The library threads that may exist
@@ -67,6 +67,7 @@ import pyarrow as pa
 
 from tracecal.errors import TracecalError, WorkerError
 from tracecal.ingest.discover import TraceFile
+from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
 from tracecal.ingest.parse import parse_trace_file
 from tracecal.ingest.trace import ParsedRank
 
@@ -102,13 +103,12 @@ PARALLEL_MIN_BYTES = 64 * 2**20
 process: starting fork-server helpers (about a second of CPU) would cost more than parsing (~50 MB of
 JSON per CPU second). Forked helpers (``ParserPool.start``) are used for any run of several files."""
 
-_PRELOAD = ["tracecal.ingest.kineto", "pandas"]
+_PRELOAD = ["tracecal.ingest.kineto"]
 """Imported before helpers are made, so they start warm: by the caller before ``start`` forks (it
-needs them itself), once in the fork server otherwise. pandas: pyarrow imports it on its first
-``pa.array()`` of Python objects (0.15-0.3 s of CPU) when it is installed; imported later, every
-process would pay that on its first file."""
-_OPTIONAL_PRELOAD = frozenset({"pandas"})
-"""Preloaded only when installed: tracecal itself never needs pandas."""
+needs them itself), once in the fork server otherwise. A process that forks its helpers (``start``)
+or parses itself keeps pandas out of pyarrow first (``keep_pandas_out_of_pyarrow``), which would
+import it on its first array (0.15-0.3 s); a fork server, started for runs of at least
+``PARALLEL_MIN_BYTES``, imports it once."""
 
 _RUN, _NEXT, _SLOTS = 0, 1, 2
 """The shared counter (``RawArray`` of int64, guarded by one lock): the current run's number, the
@@ -197,17 +197,14 @@ class ParserPool:
             self._spool = None
 
     def start(self) -> ParserPool:
-        """Import the parser and pandas (``_PRELOAD``: this process needs them too, and so their
-        import is not part of the first run's time whatever the worker count), then fork the helper
+        """Import the parser (``_PRELOAD``: this process needs it too, and so its import is not part
+        of the first run's time whatever the worker count) and keep pandas out of pyarrow, then fork the helper
         processes; call it before opening any DuckDB connection in this process (see the module
         docstring). Forks nothing for one worker, or off Linux (macOS system libraries are not
         fork-safe; there the fork server is used)."""
+        keep_pandas_out_of_pyarrow()  # first: the parser's module constants are pyarrow's first arrays
         for module in _PRELOAD:  # imported once here, inherited by the helpers
-            try:
-                importlib.import_module(module)
-            except ImportError:
-                if module not in _OPTIONAL_PRELOAD:
-                    raise
+            importlib.import_module(module)
         if self.workers > 1 and not self._helpers and sys.platform.startswith("linux"):
             self._launch("fork")
             self._forked = True
@@ -263,6 +260,7 @@ class ParserPool:
             TracecalError: the first bad file's error under ``raise``.
             WorkerError: a helper process died (killed for memory, crashed).
         """
+        keep_pandas_out_of_pyarrow()  # this process parses too, or loads what the helpers parse
         small = not self._forked and sum(f.content_bytes for f in files) < PARALLEL_MIN_BYTES
         if self.workers == 1 or len(files) == 1 or small:
             return Parsing(self._parse_all_here(files, on_error, skipped))

@@ -1,0 +1,40 @@
+"""Keeping pandas out of a parsing process: pyarrow would import it for nothing.
+
+When pandas is installed, pyarrow imports it on its first ``pa.array()`` — to recognise pandas Series
+and Index among the inputs — which costs 0.15-0.3 s of CPU, more than parsing and loading a whole
+small run (``trace-ingest`` of dlrm_8rank: 1.10 s wall with it, 0.91 s without). tracecal's parsers
+and loader never hand pyarrow a pandas object. ``keep_pandas_out_of_pyarrow`` lets pyarrow's one-time
+probe find pandas missing; pyarrow then never looks again for array-likes, while an explicit
+conversion (``Table.to_pandas()``) still imports pandas when it is called.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import sys
+
+import pyarrow as pa
+
+
+class _PandasMissing(importlib.abc.MetaPathFinder):
+    """Answers an import of pandas (and only of pandas) with ModuleNotFoundError."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "pandas":
+            raise ModuleNotFoundError("pandas is kept out of pyarrow's probe by tracecal's parsers", name=name)
+
+
+def keep_pandas_out_of_pyarrow() -> None:
+    """Let pyarrow's pandas probe (the first ``pa.array()`` of the process) find pandas missing.
+
+    Does nothing when pandas is already imported (pyarrow then uses it as usual) or pyarrow has
+    already probed. Call it before other threads start: for the moment of the probe, an import of
+    pandas anywhere in the process fails."""
+    if "pandas" in sys.modules:
+        return
+    finder = _PandasMissing()
+    sys.meta_path.insert(0, finder)
+    try:
+        pa.array([])
+    finally:
+        sys.meta_path.remove(finder)
