@@ -6,6 +6,10 @@ small run (``trace-ingest`` of dlrm_8rank: 1.10 s wall with it, 0.91 s without).
 and loader never hand pyarrow a pandas object. ``keep_pandas_out_of_pyarrow`` lets pyarrow's one-time
 probe find pandas missing; pyarrow then never looks again for array-likes, while an explicit
 conversion (``Table.to_pandas()``) still imports pandas when it is called.
+
+pandas used to bring ``numpy.ma`` along. pyarrow tests every numpy input against
+``np.ma.MaskedArray``, and numpy imports that submodule on first touch (≈ 9 ms in a fresh process),
+which without pandas would happen inside the first parse: it is imported here, with the parser.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import importlib.abc
 import sys
 
+import numpy.ma  # noqa: F401  (see the module docstring)
 import pyarrow as pa
 
 
