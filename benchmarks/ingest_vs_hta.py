@@ -4,6 +4,7 @@
     python benchmarks/ingest_vs_hta.py --repeat 3 $K/dlrm_8rank $K/sampled_2_of_128 $K/single/*.gz
     python benchmarks/ingest_vs_hta.py --scaling 8                 # 1 vs 2 workers on 8 copies of a 30 MB rank
     python benchmarks/ingest_vs_hta.py --stress --size-gb 1.0      # synthetic >= 1 GB rank from a real trace
+    python benchmarks/ingest_vs_hta.py --end-to-end --repeat 5 $K/dlrm_8rank  # whole commands, imports included
 
 For each run (a directory of rank traces, or one trace file), each case runs in a fresh Python
 process (imports excluded from the timing); CPU time and peak RSS come from the kernel's accounting
@@ -18,6 +19,9 @@ process (imports excluded from the timing); CPU time and peak RSS come from the 
 
 Printed per case: wall seconds, MB/s of uncompressed JSON, peak RSS of the main process and of the
 largest worker, and the ratio HTA / tracecal (parse + load, and end to end with decode).
+``--end-to-end`` times what a user waits for instead: the whole ``trace-ingest -j1`` command (Python
+start, imports, parse, load, decode, commit) against a whole Python process that imports HTA and
+builds ``TraceAnalysis``, alternated, each in a fresh process.
 ``--stress`` replicates a real trace's events with shifted timestamps into one uncompressed file of at
 least ``--size-gb`` GB in a temporary directory (deleted afterwards, never committed) and ingests it.
 """
@@ -302,6 +306,55 @@ def compare(paths: list[Path], with_hta: bool, repeat: int = 1) -> None:
     )
 
 
+_TRACE_INGEST = "from tracecal.cli.ingest import main; main()"
+_HTA_PROCESS = (
+    "import logging, sys; logging.disable(logging.INFO); "
+    "from hta.trace_analysis import TraceAnalysis; TraceAnalysis(trace_dir=sys.argv[1])"
+)
+
+
+def _process_seconds(argv: list[str]) -> float | None:
+    """Wall seconds of one command in a fresh process (None when it fails)."""
+    started = time.perf_counter()
+    done = subprocess.run(argv, capture_output=True, check=False)
+    return time.perf_counter() - started if done.returncode == 0 else None
+
+
+def end_to_end(paths: list[Path], repeat: int) -> None:
+    """``trace-ingest -j1`` into a new database vs a process building HTA's TraceAnalysis, alternated."""
+    print(f"{'run':30s} {'trace-ingest -j1 s':>19s} {'HTA process s':>14s}  HTA ÷ trace-ingest (min, median)")
+    for path in paths:
+        files = _trace_files(path)
+        with tempfile.TemporaryDirectory() as tmp:
+            links = Path(tmp) / "hta"
+            links.mkdir()
+            for i, f in enumerate(files):
+                os.symlink(f, links / f"{i}_{f.name}")
+            ours: list[float] = []
+            theirs: list[float | None] = []
+            for _ in range(repeat):
+                db = Path(tmp) / "e2e.duckdb"
+                for stale in (db, db.with_name(db.name + ".wal")):
+                    stale.unlink(missing_ok=True)
+                argv = [sys.executable, "-c", _TRACE_INGEST, "-j", "1", "--db", str(db), str(path)]
+                seconds = _process_seconds(argv)
+                if seconds is None:
+                    sys.exit(f"trace-ingest failed on {path}")
+                ours.append(seconds)
+                theirs.append(_process_seconds([sys.executable, "-c", _HTA_PROCESS, str(links)]))
+        ours.sort()
+        mine = f"{ours[0]:6.2f} {ours[len(ours) // 2]:6.2f}"
+        if any(t is None for t in theirs):
+            print(f"{path.name[:30]:30s} {mine:>19s} {'failed':>14s}")
+            continue
+        hta = sorted(t for t in theirs if t is not None)
+        print(
+            f"{path.name[:30]:30s} {mine:>19s} {hta[0]:6.2f} {hta[len(hta) // 2]:6.2f}  "
+            f"{hta[0] / ours[0]:4.2f}x {hta[len(hta) // 2] / ours[len(ours) // 2]:4.2f}x"
+        )
+    print("\nmin and median wall of --repeat runs; trace-ingest also decodes (operators, collectives, iterations).")
+
+
 def stress(size_gb: float, source: Path, keep: bool) -> None:
     """Replicate ``source``'s events with shifted timestamps into one >= size_gb GB file; ingest it."""
     import orjson
@@ -366,6 +419,7 @@ def main() -> None:
     parser.add_argument("runs", nargs="*", type=Path, help="run directories or trace files")
     parser.add_argument("--no-hta", action="store_true", help="tracecal only")
     parser.add_argument("--repeat", type=int, default=1, help="runs per case; the least-CPU one is shown")
+    parser.add_argument("--end-to-end", action="store_true", help="whole commands in fresh processes (see above)")
     parser.add_argument("--stress", action="store_true", help="ingest a synthetic-from-real >= --size-gb file")
     parser.add_argument("--size-gb", type=float, default=1.0)
     parser.add_argument("--source", type=Path, default=STRESS_SOURCE, help="real trace replicated by --stress")
@@ -375,7 +429,9 @@ def main() -> None:
         "--scaling-source", type=Path, default=SHARED_KINETO / "single" / "v100_resnet50_2021_schema.pt.trace.json.gz"
     )
     args = parser.parse_args()
-    if args.runs:
+    if args.runs and args.end_to_end:
+        end_to_end(args.runs, args.repeat)
+    elif args.runs:
         compare(args.runs, with_hta=not args.no_hta, repeat=args.repeat)
     if args.scaling:
         scaling(args.scaling, args.scaling_source, args.repeat)
