@@ -12,13 +12,14 @@ import sys
 from pathlib import Path
 
 import duckdb
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
 from tracecal.cli.main import app
 from tracecal.errors import InputNotFoundError, TraceFormatError
 from tracecal.ingest.discover import discover_run
-from tracecal.ingest.nsys import parse_nsys_file
+from tracecal.ingest.nsys import _resolve_sync_devices, parse_nsys_file
 from tracecal.ingest.nsys_source import CACHE_DIR_NAME, open_export
 
 GTID = 1 << 48  # nsys sets a high "hardware/VM" bit in every global id
@@ -413,3 +414,24 @@ def test_two_multi_process_files_by_order_alone_are_refused(tmp_path: Path, db_p
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(InputNotFoundError, match=r"gone\.sqlite does not exist"):
         parse_nsys_file(tmp_path / "gone.sqlite")
+
+
+def test_sync_records_take_the_lowest_device_of_their_process_and_context() -> None:
+    """The (process, context) -> device map as SQL would give it: the lowest non-NULL device seen in
+    that context; NULL for a NULL process or context, a context whose activity has no device, or one
+    without GPU activity."""
+    gpu = pa.table({
+        "proc": pa.array([10, 10, 10, 20, None, 30], pa.int64()),
+        "context": pa.array([1, 1, 2, 1, 1, 5], pa.int64()),
+        "device": pa.array([3, 1, 2, 4, 0, None], pa.int32()),
+    })  # fmt: skip
+    sync = pa.table({
+        "proc": pa.array([10, 10, 20, 10, None, 30, 40], pa.int64()),
+        "context": pa.array([1, 2, 1, None, 1, 5, 1], pa.int64()),
+        "device": pa.nulls(7, pa.int32()),
+        "pid": pa.nulls(7, pa.int64()),
+    })  # fmt: skip
+    resolved = _resolve_sync_devices(sync, [gpu.slice(0, 3), gpu.slice(3)])
+    assert resolved.column("device").to_pylist() == [1, 2, 4, None, None, None, None]
+    assert resolved.column("pid").to_pylist() == [1, 2, 4, None, None, None, None]
+    assert resolved.schema == sync.schema
