@@ -10,13 +10,15 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import polars as pl
 import typer
 
 from tracecal.cli.common import DbOption, progress_bar, render_rows, stdout, user_errors, warn
 from tracecal.config import Settings, model_store_dir
+
+if TYPE_CHECKING:  # imported where used: `tracecal --help` starts without it
+    import polars as pl
 
 COMM = "comm"
 
@@ -32,6 +34,8 @@ def summary(report: pl.DataFrame) -> list[dict[str, Any]]:
 
     For collectives, ``consistent`` counts only sweeps whose status is ok (noise level ≤ threshold).
     """
+    import polars as pl
+
     out = []
     for scope, part in (
         ("compute", report.filter(pl.col("family") != COMM)),
@@ -148,6 +152,8 @@ def calibrate(
 
 
 def _published(directories: list[Path]) -> pl.DataFrame | None:
+    import polars as pl
+
     if not directories:
         return None
     from tracecal.samplers.importers.gpumodeling25 import published_errors

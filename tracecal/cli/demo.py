@@ -14,14 +14,16 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import polars as pl
 import typer
 
 from tracecal.cli.common import progress_bar, render_rows, stdout, user_errors, warn
 from tracecal.config import model_store_dir
 from tracecal.errors import CalibrationError, SampleError
+
+if TYPE_CHECKING:  # imported where used: `tracecal --help` starts without it
+    pass
 
 CLUSTER = "local"
 STAGES = ("workload", "ingest", "sample", "calibrate", "predict")
@@ -232,6 +234,8 @@ def _calibrate(db: Path, timings: dict[str, float]) -> Any:
 
 
 def _predict(db: Path, run_id: str, model: Any, figures: Path, timings: dict[str, float]) -> None:
+    import polars as pl
+
     from tracecal.predict.figures import component_proportions, rank_timeline
     from tracecal.predict.store import predict_stored_run
     from tracecal.predict.validate import error_table, to_markdown

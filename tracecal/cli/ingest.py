@@ -14,7 +14,6 @@ from tracecal.cli.common import DbOption, progress_bar, stderr, stdout, user_err
 from tracecal.config import Settings
 from tracecal.errors import TracecalError
 from tracecal.ingest.discover import ParallelLayout
-from tracecal.ingest.pool import ParserPool
 
 if TYPE_CHECKING:  # imported by ``ingest`` after it forks the parser helpers (see there)
     from tracecal.sql.decoding import DecodeSummary
@@ -44,6 +43,8 @@ def ingest(
 ) -> None:
     """Find the rank traces of each run, parse them in parallel and store them (one transaction per
     run; re-ingesting a run replaces it). Prints a summary: ranks, events, seconds, MB/s."""
+    from tracecal.ingest.pool import ParserPool  # the parser first: see the fork below
+
     with user_errors():
         if on_error not in ("raise", "skip"):
             raise TracecalError(f"--on-error must be raise or skip, not {on_error!r}")

@@ -8,8 +8,6 @@ import typer
 
 from tracecal.cli.common import DbOption, render_arrow, render_rows, stdout, user_errors, warn
 from tracecal.config import Settings
-from tracecal.sql.connection import open_database
-from tracecal.sql.iterations import iteration_report
 
 
 def _ms(ns: float | None) -> str:
@@ -21,6 +19,9 @@ def iterations(
     db: DbOption = None,
 ) -> None:
     """Per-iteration times (slowest rank), min/max/mean/std, the best iteration, clock offsets and residual skew."""
+    from tracecal.sql.connection import open_database
+    from tracecal.sql.iterations import iteration_report
+
     with user_errors():
         settings = Settings.resolve(db)
         with open_database(settings.db_path, read_only=True) as con:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import polars as pl
 import typer
 
 from tracecal.cli.common import DbOption, render_rows, stdout, user_errors, warn
 from tracecal.config import Settings, model_store_dir
 from tracecal.errors import PredictionError
-from tracecal.predict.run import Prediction
+
+if TYPE_CHECKING:  # imported where used: `tracecal --help` starts without it
+    import polars as pl
+
+    from tracecal.predict.run import Prediction
 
 FORMATS = ("table", "csv", "json")
 
@@ -26,6 +29,8 @@ def _resolve_mode(mode: str | None, cluster: str | None, scale: list[str]) -> st
 
 def _rows_ms(components: pl.DataFrame) -> pl.DataFrame:
     """The user-facing table: rank, component, measured_ms, predicted_ms, error_pct, covered_share."""
+    import polars as pl
+
     return components.select(
         "rank",
         "component",
@@ -112,6 +117,8 @@ def _fmt(v: float | None, digits: int = 3) -> str | None:
 
 
 def _render(run: str, iteration: int, mode: str, cluster: str | None, pred: Prediction, table: pl.DataFrame) -> None:
+    import polars as pl
+
     rows = [
         [
             r["rank"],
@@ -164,6 +171,8 @@ def validate(
     """Predict every run and print the component error table across runs (like the published Table 9):
     rows are components, columns are runs, cells are error % of the rank-summed component time
     (overall: the slowest rank's iteration)."""
+    import polars as pl
+
     from tracecal.predict.durations import parse_scale
     from tracecal.predict.store import predict_stored_run
     from tracecal.predict.validate import error_table, times_table, to_markdown

@@ -10,16 +10,6 @@ import typer
 from tracecal.cli.common import DbOption, render_arrow, stdout, user_errors
 from tracecal.config import Settings
 from tracecal.errors import InputNotFoundError
-from tracecal.sql.connection import open_database
-from tracecal.sql.query import (
-    OUTPUT_FORMATS,
-    QueryError,
-    list_runs,
-    result_as_csv,
-    result_as_json,
-    run_query,
-    write_result,
-)
 
 
 def sql(
@@ -33,6 +23,9 @@ def sql(
 ) -> None:
     """Run SQL on the database (read-only unless --write). Tables: runs, ranks, events, operators,
     collectives, iterations, samples, models, predictions, components; views: see README."""
+    from tracecal.sql.connection import open_database
+    from tracecal.sql.query import OUTPUT_FORMATS, QueryError, result_as_csv, result_as_json, run_query, write_result
+
     with user_errors():
         if (query is None) == (file is None):
             raise QueryError("give exactly one of: a SQL argument, or --file PATH")
@@ -59,6 +52,9 @@ def sql(
 
 def runs(db: DbOption = None) -> None:
     """List ingested runs with ranks, events, capture span and source."""
+    from tracecal.sql.connection import open_database
+    from tracecal.sql.query import list_runs
+
     with user_errors():
         settings = Settings.resolve(db)
         with open_database(settings.db_path, read_only=True) as con:

@@ -10,7 +10,6 @@ import typer
 from tracecal.cli.common import DbOption, progress_bar, render_arrow, render_rows, stdout, user_errors
 from tracecal.config import Settings
 from tracecal.errors import SampleError
-from tracecal.sql.connection import open_database
 
 app = typer.Typer(help="Stored microbenchmark samples: import, export, list, re-flag.", no_args_is_help=True)
 
@@ -29,6 +28,8 @@ def import_(
 ) -> None:
     """Import samples measured elsewhere: the published GPUModeling25 CSVs (SPEC §6.4), or Parquet
     written by `tracecal samples export`. Re-importing replaces; a bad file writes nothing."""
+    from tracecal.sql.connection import open_database
+
     with user_errors():
         if fmt not in FORMATS:
             raise SampleError(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -66,6 +67,7 @@ def export(
 ) -> None:
     """Write samples to a Parquet file that `tracecal samples import FILE --format parquet` reads
     on another machine."""
+    from tracecal.sql.connection import open_database
     from tracecal.sql.samples import export_parquet
 
     with user_errors():
@@ -81,6 +83,7 @@ def list_(
     db: DbOption = None,
 ) -> None:
     """Clusters, families, ops and sample counts, with flagged samples per reason."""
+    from tracecal.sql.connection import open_database
     from tracecal.sql.samples import flag_counts, samples_overview
 
     with user_errors():
@@ -125,6 +128,7 @@ def flag(
 ) -> None:
     """Recompute the quality flags of a cluster's samples together (after sampling in parts)."""
     from tracecal.samplers.quality import reflag_cluster
+    from tracecal.sql.connection import open_database
 
     with user_errors():
         settings = Settings.resolve(db)
