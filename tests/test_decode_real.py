@@ -5,13 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import duckdb
+import polars as pl
 import pytest
 from conftest import KINETO, NSYS
 from typer.testing import CliRunner
 
 from tracecal.cli.main import app
-from tracecal.sql import decoding
-from tracecal.sql.connection import open_database
+from tracecal.decode.rank import DECODE_COLUMNS
+from tracecal.sql import decoding, load
+from tracecal.sql.connection import open_database, query_arrow
 from tracecal.sql.decoding import decode_stored_run
 from tracecal.sql.load import IngestOptions, ingest_runs
 
@@ -146,6 +148,23 @@ def test_handoff_and_read_back_decode_the_same_rows(tmp_path: Path, monkeypatch:
         ingest_runs(con, [DLRM], IngestOptions(workers=1))
         assert len(reads) > 1 and reads[0][1] == 0 and reads[-1][2] == 7  # ranks read back in batches
         assert _derived_rows(con) == handed
+
+
+@pytest.mark.parametrize("run", [DLRM, NSYS / "mfu_2gpu_after.sqlite.gz"], ids=["dlrm_8rank", "mfu_2gpu_after"])
+def test_handoff_events_equal_the_read_back(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hand-off's frame (dictionary-encoded strings of several ranks, columns without values)
+    has the rows, values and types of the events read back from the database."""
+    handed: list[pl.DataFrame] = []
+    monkeypatch.setattr(load, "decode_stored_run", lambda con, run_id, handoff, **_: handed.append(handoff.events()))
+    with open_database(tmp_path / "h.duckdb") as con:
+        ingest_runs(con, [run], IngestOptions(workers=1))
+        read = pl.from_arrow(
+            query_arrow(con, f"SELECT {', '.join(DECODE_COLUMNS)} FROM events ORDER BY rank, event_id", [])
+        )
+    assert isinstance(read, pl.DataFrame) and read.height > 10_000
+    assert handed[0].schema == read.schema
+    assert handed[0].equals(read)
+    assert read.get_column("name").n_unique() > 100 and read.get_column("concrete_inputs").null_count() == read.height
 
 
 def test_iterations_command(dlrm_db: Path) -> None:
