@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
 from tracecal.sql import load
 from tracecal.sql.connection import open_database
 from tracecal.sql.load import IngestOptions, ingest_runs
@@ -62,6 +61,17 @@ def _ingest(run: Path, workers: int, decode: bool, cold: bool = False) -> tuple[
             with mock.patch.object(load, "decode_stored_run", lambda *a, **k: None):
                 ingest_runs(con, [run], IngestOptions(workers=workers))
         return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def _prepare_parsing_process() -> None:
+    """What trace-ingest does before it parses: keep pandas out of pyarrow (a ``--baseline`` tree
+    older than ``tracecal.ingest.no_pandas`` preloaded pandas instead, so that is done for it)."""
+    try:
+        from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
+    except ImportError:
+        importlib.import_module("pandas")
+        return
+    keep_pandas_out_of_pyarrow()
 
 
 def _in_child(run: Path, workers: int, decode: bool, warm_up: bool, src: Path | None) -> tuple[float, float]:
@@ -112,7 +122,7 @@ def main() -> None:
     parser.add_argument("extra", nargs="*", type=Path, help="more run directories (e.g. a tracecal workload run)")
     args = parser.parse_args()
     if args.child is not None:  # one timed ingest for --cold, imported first as ingest_vs_hta.py does
-        keep_pandas_out_of_pyarrow()  # as trace-ingest does
+        _prepare_parsing_process()
         for module in ("tracecal.ingest.kineto", "pyarrow.compute"):
             importlib.import_module(module)
         if args.warm_up:
