@@ -261,6 +261,8 @@ def test_a_started_pool_needs_no_pandas(monkeypatch: pytest.MonkeyPatch) -> None
 _INGEST_THEN_PANDAS = """
 import sys, tempfile
 from pathlib import Path
+from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
+keep_pandas_out_of_pyarrow()  # as trace-ingest does first
 from tracecal.ingest.pool import ParserPool
 pool = ParserPool(2).start()  # as trace-ingest: helpers forked before DuckDB and the loader are imported
 from tracecal.sql.connection import open_database, query_arrow
@@ -273,8 +275,9 @@ print(report.runs[0].events, "pandas" in sys.modules, len(events.to_pandas()))
 
 
 def test_ingest_keeps_pandas_out_and_an_explicit_conversion_still_gets_it() -> None:
-    """pyarrow would import pandas (0.15-0.3 s) on its first array: a whole ingest and decode runs
-    without it, and a later ``to_pandas()`` imports it as usual."""
+    """pyarrow would import pandas (0.15-0.3 s) on its first array: after ``keep_pandas_out_of_pyarrow``
+    a whole ingest and decode (forked helpers too) runs without it, and a later ``to_pandas()``
+    imports it as usual."""
     pytest.importorskip("pandas")
     out = subprocess.run(
         [sys.executable, "-c", _INGEST_THEN_PANDAS, str(KINETO / "dlrm_8rank")],

@@ -43,6 +43,9 @@ def ingest(
 ) -> None:
     """Find the rank traces of each run, parse them in parallel and store them (one transaction per
     run; re-ingesting a run replaces it). Prints a summary: ranks, events, seconds, MB/s."""
+    from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
+
+    keep_pandas_out_of_pyarrow()  # this process is the command's own; before any pyarrow array is made
     from tracecal.ingest.pool import ParserPool  # the parser first: see the fork below
 
     with user_errors():

@@ -7,6 +7,11 @@ and loader never hand pyarrow a pandas object. ``keep_pandas_out_of_pyarrow`` le
 probe find pandas missing; pyarrow then never looks again for array-likes, while an explicit
 conversion (``Table.to_pandas()``) still imports pandas when it is called.
 
+It changes pyarrow for the whole process — until the first explicit pandas conversion, ``pa.array()``
+treats a pandas Series as a plain sequence (a categorical becomes its values) — so it is called by the
+process's owner: ``trace-ingest`` before anything else, and the benchmarks that stand in for it; the
+library (``ingest_runs``, ``ParserPool``) leaves a caller's process as it is.
+
 pandas used to bring ``numpy.ma`` along. pyarrow tests every numpy input against
 ``np.ma.MaskedArray``, and numpy imports that submodule on first touch (≈ 9 ms in a fresh process),
 which without pandas would happen inside the first parse: it is imported here, with the parser.

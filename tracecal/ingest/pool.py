@@ -67,7 +67,6 @@ import pyarrow as pa
 
 from tracecal.errors import TracecalError, WorkerError
 from tracecal.ingest.discover import TraceFile
-from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
 from tracecal.ingest.parse import parse_trace_file
 from tracecal.ingest.trace import ParsedRank
 
@@ -105,10 +104,9 @@ JSON per CPU second). Forked helpers (``ParserPool.start``) are used for any run
 
 _PRELOAD = ["tracecal.ingest.kineto"]
 """Imported before helpers are made, so they start warm: by the caller before ``start`` forks (it
-needs them itself), once in the fork server otherwise. A process that forks its helpers (``start``)
-or parses itself keeps pandas out of pyarrow first (``keep_pandas_out_of_pyarrow``), which would
-import it on its first array (0.15-0.3 s); a fork server, started for runs of at least
-``PARALLEL_MIN_BYTES``, imports it once."""
+needs them itself), once in the fork server otherwise. ``trace-ingest`` keeps pandas out of pyarrow
+before it starts the pool (``tracecal.ingest.no_pandas``), so forked helpers inherit that; a fork
+server, started for runs of at least ``PARALLEL_MIN_BYTES``, imports pandas once if it is installed."""
 
 _RUN, _NEXT, _SLOTS = 0, 1, 2
 """The shared counter (``RawArray`` of int64, guarded by one lock): the current run's number, the
@@ -198,11 +196,10 @@ class ParserPool:
 
     def start(self) -> ParserPool:
         """Import the parser (``_PRELOAD``: this process needs it too, and so its import is not part
-        of the first run's time whatever the worker count) and keep pandas out of pyarrow, then fork the helper
-        processes; call it before opening any DuckDB connection in this process (see the module
-        docstring). Forks nothing for one worker, or off Linux (macOS system libraries are not
-        fork-safe; there the fork server is used)."""
-        keep_pandas_out_of_pyarrow()  # first: the parser's module constants are pyarrow's first arrays
+        of the first run's time whatever the worker count), then fork the helper processes; call it
+        before opening any DuckDB connection in this process (see the module docstring). Forks
+        nothing for one worker, or off Linux (macOS system libraries are not fork-safe; there the
+        fork server is used)."""
         for module in _PRELOAD:  # imported once here, inherited by the helpers
             importlib.import_module(module)
         if self.workers > 1 and not self._helpers and sys.platform.startswith("linux"):
@@ -260,7 +257,6 @@ class ParserPool:
             TracecalError: the first bad file's error under ``raise``.
             WorkerError: a helper process died (killed for memory, crashed).
         """
-        keep_pandas_out_of_pyarrow()  # this process parses too, or loads what the helpers parse
         small = not self._forked and sum(f.content_bytes for f in files) < PARALLEL_MIN_BYTES
         if self.workers == 1 or len(files) == 1 or small:
             return Parsing(self._parse_all_here(files, on_error, skipped))
