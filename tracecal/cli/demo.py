@@ -14,16 +14,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 
 from tracecal.cli.common import progress_bar, render_rows, stdout, user_errors, warn
 from tracecal.config import model_store_dir
 from tracecal.errors import CalibrationError, SampleError
-
-if TYPE_CHECKING:  # imported where used: `tracecal --help` starts without it
-    pass
 
 CLUSTER = "local"
 STAGES = ("workload", "ingest", "sample", "calibrate", "predict")
