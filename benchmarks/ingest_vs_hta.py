@@ -320,7 +320,7 @@ def _process_seconds(argv: list[str]) -> float | None:
     return time.perf_counter() - started if done.returncode == 0 else None
 
 
-def end_to_end(paths: list[Path], repeat: int) -> None:
+def end_to_end(paths: list[Path], repeat: int, with_hta: bool) -> None:
     """``trace-ingest -j1`` into a new database vs a process building HTA's TraceAnalysis, alternated."""
     print(f"{'run':30s} {'trace-ingest -j1 s':>19s} {'HTA process s':>14s}  HTA ÷ trace-ingest (min, median)")
     for path in paths:
@@ -341,11 +341,12 @@ def end_to_end(paths: list[Path], repeat: int) -> None:
                 if seconds is None:
                     sys.exit(f"trace-ingest failed on {path}")
                 ours.append(seconds)
-                theirs.append(_process_seconds([sys.executable, "-c", _HTA_PROCESS, str(links)]))
+                if with_hta:
+                    theirs.append(_process_seconds([sys.executable, "-c", _HTA_PROCESS, str(links)]))
         ours.sort()
         mine = f"{ours[0]:6.2f} {ours[len(ours) // 2]:6.2f}"
-        if any(t is None for t in theirs):
-            print(f"{path.name[:30]:30s} {mine:>19s} {'failed':>14s}")
+        if not theirs or any(t is None for t in theirs):
+            print(f"{path.name[:30]:30s} {mine:>19s} {'failed' if theirs else '':>14s}")
             continue
         hta = sorted(t for t in theirs if t is not None)
         print(
@@ -430,7 +431,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.runs and args.end_to_end:
-        end_to_end(args.runs, args.repeat)
+        end_to_end(args.runs, args.repeat, with_hta=not args.no_hta)
     elif args.runs:
         compare(args.runs, with_hta=not args.no_hta, repeat=args.repeat)
     if args.scaling:

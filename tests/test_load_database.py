@@ -4,6 +4,8 @@ database is a copy of an empty one made once (the template)."""
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -107,6 +109,21 @@ def test_a_damaged_template_is_dropped_and_the_database_made_in_place(tmp_path: 
     tables, views = _objects(tmp_path / "a.duckdb")
     assert {t.name for t in TABLES} <= tables
     assert {p.stem for p in connection.view_files()} <= views
+
+
+def test_a_build_left_by_a_dead_process_is_deleted_by_the_next_build(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    dead = cache / "empty-0-duckdb-1.duckdb.4242.building"
+    dead.write_bytes(b"half a database")
+    hours_ago = time.time() - connection.STALE_BUILD_SECONDS - 60
+    os.utime(dead, (hours_ago, hours_ago))
+    running = cache / "empty-0-duckdb-1.duckdb.4243.building"  # another process building right now
+    running.write_bytes(b"a database being made")
+    with open_database(tmp_path / "a.duckdb", cache_dir=cache):
+        pass
+    assert not dead.exists() and running.exists()
+    assert connection.template_path(cache).exists()
 
 
 def test_an_unusable_cache_directory_still_opens_the_database(tmp_path: Path) -> None:

@@ -14,14 +14,17 @@ an empty database made once by this tracecal and this DuckDB (``template_path``;
 0.8 MB costs well under a millisecond) and then finds its schema current. The template is built
 the first time, in its own file renamed into place when complete, so processes racing to build it
 never see half of one; a template DuckDB cannot open is deleted and the database made the full way.
-Templates of other versions stay in the cache (one per schema and DuckDB version, ~0.8 MB each).
+Templates of other versions stay in the cache (one per schema and DuckDB version, ~0.8 MB each);
+the file of a build whose process died is deleted by a later build (``STALE_BUILD_SECONDS``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cache
@@ -186,9 +189,18 @@ def template_path(cache_dir: Path) -> Path:
     return cache_dir / f"empty-{schema_fingerprint()[:16]}-duckdb-{duckdb.__version__}.duckdb"
 
 
+STALE_BUILD_SECONDS = 3600
+"""A template build left this long (its process died; a build takes a fraction of a second) is
+deleted by the next build in the same cache directory."""
+
+
 def _build_template(template: Path) -> None:
     """Make the empty database at ``template``: built under a name of this process's own, renamed
     into place once DuckDB has closed (checkpointed) it."""
+    for stale in template.parent.glob("*.building*"):
+        with contextlib.suppress(OSError):
+            if time.time() - stale.stat().st_mtime > STALE_BUILD_SECONDS:
+                stale.unlink()
     building = template.with_name(f"{template.name}.{os.getpid()}.building")
     try:
         con = duckdb.connect(str(building))
