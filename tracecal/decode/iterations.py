@@ -152,19 +152,6 @@ def iteration_windows(events: pl.DataFrame, marker: str | None = None, names: Na
     return sort_by(parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical_relaxed"), "rank", "cpu_start_ns")
 
 
-def assign_iterations(points: pl.DataFrame, windows: pl.DataFrame) -> pl.DataFrame:
-    """The iteration whose CPU window (on the same rank) contains each point.
-
-    Args:
-        points: columns ``rank``, ``qid`` (unique) and ``t`` (ns; NULL allowed -> NULL iteration).
-        windows: ``iteration_windows`` output (windows of a rank do not overlap).
-
-    Returns:
-        ``qid`` and ``iteration`` (int32, NULL outside every window).
-    """
-    return points.select("qid").with_columns(window_of(points.get_column("rank"), points.get_column("t"), windows))
-
-
 def window_of(rank: pl.Series, t: pl.Series, windows: pl.DataFrame) -> pl.Series:
     """Per point (``rank``, ``t``): the iteration whose window on that rank contains ``t`` (half-open
     ``[cpu_start_ns, cpu_end_ns)``), as an int32 Series named ``iteration``; NULL outside every window

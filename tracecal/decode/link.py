@@ -85,11 +85,6 @@ def _cpu_ops(events: pl.DataFrame, names: NameIndex | None = None, but: tuple[st
     return events.lazy().filter(kept)
 
 
-def has_gpu_activity(events: pl.DataFrame) -> bool:
-    """True when the rank recorded any kernel, memcpy or memset."""
-    return events.filter(pl.col("kind").is_in(GPU_KINDS)).height > 0
-
-
 _CPU_COLS = {
     "event_id": "cpu_op_event_id",
     "name": "cpu_op_name",

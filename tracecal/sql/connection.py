@@ -214,10 +214,11 @@ def _build_template(template: Path) -> None:
         building.with_name(building.name + ".wal").unlink(missing_ok=True)
 
 
-def _copy_template(path: Path, cache_dir: Path) -> bool:
-    """Create ``path`` as a copy of the cached empty database, building that first when missing.
+def _copy_template(path: Path, cache_dir: Path) -> Path | None:
+    """Create ``path`` as a copy of the cached empty database, building that first when missing;
+    returns the template it copied.
 
-    Returns False, with ``path`` left as it was, when the cache cannot be used (not writable, disk
+    Returns None, with ``path`` left as it was, when the cache cannot be used (not writable, disk
     full, or ``path`` appeared meanwhile): the caller then makes the schema itself, where a real
     error (a view that does not bind) is raised with its own message."""
     template = template_path(cache_dir)
@@ -227,19 +228,19 @@ def _copy_template(path: Path, cache_dir: Path) -> bool:
             _build_template(template)
         source = template.open("rb")
     except (OSError, duckdb.Error):
-        return False
+        return None
     with source:
         try:
             target = path.open("xb")  # never over a file another process just made
         except OSError:
-            return False
+            return None
         try:
             with target:
                 shutil.copyfileobj(source, target, 1 << 20)
         except OSError:
             path.unlink(missing_ok=True)
-            return False
-    return True
+            return None
+    return template
 
 
 def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
@@ -267,8 +268,8 @@ def open_database(
     copied_from: Path | None = None  # the template this new database is a copy of
     if not read_only:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if cache_dir is not None and not path.exists() and _copy_template(path, cache_dir):
-            copied_from = template_path(cache_dir)
+        if cache_dir is not None and not path.exists():
+            copied_from = _copy_template(path, cache_dir)
     try:
         con = _connect(path, read_only)
     except SchemaError:
