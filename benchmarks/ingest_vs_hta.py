@@ -9,19 +9,21 @@
 For each run (a directory of rank traces, or one trace file), each case runs in a fresh Python
 process (imports excluded from the timing); CPU time and peak RSS come from the kernel's accounting
 (``getrusage``, ``/proc``), so that measuring adds nothing to the measured process (see ``_Usage``):
-- ``tracecal -j1``: ``ingest_runs`` with one worker into a new database (made, as trace-ingest makes
-  it, from the cached empty-database template) — parse + load, then the
+- ``tracecal -j1``: ``ingest_runs`` with one worker into a new database (made and opened as
+  trace-ingest does: from the cached empty-database template, DuckDB on one thread) — parse + load, then the
   decode step (operators, collectives, iterations) reported separately; as in ``trace-ingest``, the
   helpers (``-j2``) are forked before DuckDB and polars are imported;
 - ``tracecal -j2``: the same with two worker processes (runs with several files only);
-- ``HTA``: ``TraceAnalysis(trace_dir=...)`` on a directory of links to the same files (HTA parses
-  several ranks with a process pool of min(cores, ranks)).
+- ``hta``: ``TraceAnalysis(trace_dir=...)`` on a directory of links to the same files (HTA parses
+  several ranks with a process pool of min(cores, ranks));
+- ``hta-j1`` (runs with several files): the same load in one process (``use_multiprocessing=False``),
+  the like-for-like opponent of ``tracecal -j1``; ``tracecal -j2`` is set against ``hta``.
 
 Printed per case: wall seconds, MB/s of uncompressed JSON, peak RSS of the main process and of the
 largest worker, and the ratio HTA / tracecal (parse + load, and end to end with decode).
 ``--end-to-end`` times what a user waits for instead: the whole ``trace-ingest -j1`` command (Python
 start, imports, parse, load, decode, commit) against a whole Python process that imports HTA and
-builds ``TraceAnalysis``, alternated, each in a fresh process.
+loads the traces as ``TraceAnalysis`` does, in one process, alternated, each in a fresh process.
 ``--stress`` replicates a real trace's events with shifted timestamps into one uncompressed file of at
 least ``--size-gb`` GB in a temporary directory (deleted afterwards, never committed) and ingests it.
 """
@@ -131,7 +133,8 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
 
     load.decode_stored_run = mark_then_decode
     with tempfile.TemporaryDirectory() as tmp:
-        with pool, open_database(Path(tmp) / "bench.duckdb", cache_dir=resolve_cache_dir()) as con:
+        database = Path(tmp) / "bench.duckdb"
+        with pool, open_database(database, cache_dir=resolve_cache_dir(), threads=load.INGEST_THREADS) as con:
             marks.append((usage.cpu_seconds(pool.helper_pids), usage.main_peak()))
             report = load.ingest_runs(con, [run], load.IngestOptions(workers=workers), pool=pool)
         wall = time.perf_counter() - started - import_wall
@@ -152,9 +155,12 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
     }
 
 
-def _measure_hta(run: Path) -> dict[str, Any]:
+def _measure_hta(run: Path, one_process: bool) -> dict[str, Any]:
+    """HTA's ``TraceAnalysis(trace_dir=...)``; ``one_process``: the same load with its
+    ``use_multiprocessing=False`` (``TraceAnalysis.__init__`` is ``Trace(...)`` then ``load_traces()``)."""
     import logging
 
+    from hta.common.trace import Trace
     from hta.trace_analysis import TraceAnalysis
 
     logging.disable(logging.INFO)
@@ -163,14 +169,18 @@ def _measure_hta(run: Path) -> dict[str, Any]:
             os.symlink(f, Path(tmp) / f"{i}_{f.name}")
         usage = _Usage()
         started = time.perf_counter()
-        analysis = TraceAnalysis(trace_dir=tmp)
+        if one_process:
+            trace = Trace(trace_dir=tmp)
+            trace.load_traces(use_multiprocessing=False)
+        else:
+            trace = TraceAnalysis(trace_dir=tmp).t
         wall = time.perf_counter() - started
         cpu = usage.cpu_seconds()  # HTA's pool (if any) is closed and reaped by now
-        events = sum(len(df) for df in analysis.t.traces.values())
+        events = sum(len(df) for df in trace.traces.values())
     return {
         "wall": wall,
         "events": events,
-        "ranks": len(analysis.t.traces),
+        "ranks": len(trace.traces),
         "cpu": cpu,
         "main_rss": usage.main_peak(),
         "worker_rss": usage.worker_peak(),
@@ -178,7 +188,10 @@ def _measure_hta(run: Path) -> dict[str, Any]:
 
 
 def _child(case: str, run: Path) -> None:
-    result = _measure_hta(run) if case == "hta" else _measure_tracecal(run, int(case.removeprefix("tracecal-j")))
+    if case.startswith("hta"):
+        result = _measure_hta(run, one_process=case == "hta-j1")
+    else:
+        result = _measure_tracecal(run, int(case.removeprefix("tracecal-j")))
     sys.stdout.write(json.dumps(result) + "\n")
 
 
@@ -187,7 +200,7 @@ def _run_child(case: str, run: Path) -> dict[str, Any]:
         [sys.executable, __file__, "--child", case, str(run)], capture_output=True, text=True, check=False
     )
     if out.returncode != 0:
-        if case == "hta":  # HTA's own failures are results too (it cannot read every trace)
+        if case.startswith("hta"):  # HTA's own failures are results too (it cannot read every trace)
             return {"failed": out.stderr.strip().splitlines()[-1]}
         sys.exit(f"{case} on {run} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -269,10 +282,14 @@ def compare(paths: list[Path], with_hta: bool, repeat: int = 1) -> None:
             print(f"{path}: no trace files", file=sys.stderr)
             continue
         size = _uncompressed_bytes(files)
-        cases = ["tracecal-j1"] + (["tracecal-j2"] if len(files) > 1 else []) + (["hta"] if with_hta else [])
+        several = len(files) > 1
+        cases = ["tracecal-j1"] + (["tracecal-j2"] if several else [])
+        if with_hta:  # one rank: HTA parses it in its own process whatever the setting
+            cases += ["hta-j1", "hta"] if several else ["hta"]
         results = {case: _best_of(case, path, repeat) for case in cases}
-        hta_failure = results.pop("hta")["failed"] if "failed" in results.get("hta", {}) else None
-        hta = results.get("hta")
+        failures = {case: results.pop(case)["failed"] for case in list(results) if "failed" in results[case]}
+        # Like for like: one worker against HTA in one process, two against HTA's pool.
+        opponent = {"tracecal-j1": results.get("hta-j1", results.get("hta")), "tracecal-j2": results.get("hta")}
         for case, r in results.items():
             load = r.get("load", r["wall"])
             load_cpu = r.get("load_cpu", r["cpu"])
@@ -280,15 +297,16 @@ def compare(paths: list[Path], with_hta: bool, repeat: int = 1) -> None:
             adds = f"{100 * r['decode'] / load:4.0f}%" if "decode" in r else ""
             cpu = f"{load_cpu:5.2f}/{r['cpu']:5.2f}" if "load_cpu" in r else f"{r['cpu']:5.2f}"
             ratio = ""
-            if hta is not None and case != "hta":
+            hta = opponent.get(case)
+            if hta is not None:
                 ratio = f"{hta['wall'] / load:5.1f}x {hta['wall'] / r['wall']:5.1f}x {hta['cpu'] / load_cpu:5.1f}x"
             print(
                 f"{path.name[:30]:30s} {case:11s} {r['ranks']:5d} {r['events']:7d} {size / 1e6:6.1f} {load:7.2f} "
                 f"{decode:>8s} {adds:>5s} {r['wall']:7.2f} {cpu:>12s} {size / 1e6 / load:6.1f} "
                 f"{r['main_rss'] / 1e6:8.0f} {r['worker_rss'] / 1e6:7.0f}   {ratio}"
             )
-        if hta_failure is not None:
-            print(f"{path.name[:30]:30s} {'hta':11s} failed: {hta_failure[:110]}")
+        for case, failure in failures.items():
+            print(f"{path.name[:30]:30s} {case:11s} failed: {failure[:110]}")
         if "tracecal-j2" in results:
             j1, j2 = results["tracecal-j1"]["load"], results["tracecal-j2"]["load"]
             m1, m2 = results["tracecal-j1"]["median_load"], results["tracecal-j2"]["median_load"]
@@ -300,16 +318,18 @@ def compare(paths: list[Path], with_hta: bool, repeat: int = 1) -> None:
                 f"on this machine now: {machine_ceiling():.2f}x"
             )
     print(
-        "\nMB: uncompressed JSON. load s: parse + insert (HTA: TraceAnalysis). +dec: what decode adds to load s "
+        "\nhta-j1: HTA's load with use_multiprocessing=False; hta: TraceAnalysis as is (a pool of min(cores, ranks) "
+        "processes).\nHTA ÷ this: tracecal-j1 against hta-j1 (hta for one rank), tracecal-j2 against hta.\n"
+        "MB: uncompressed JSON. load s: parse + insert (HTA: TraceAnalysis). +dec: what decode adds to load s "
         "(wall).\ntotal s: open database + load + decode + commit. CPU s: all processes, parse + load / total.\n"
         "MB/s: MB / load s. RSS: peak MB (10^6 bytes) of the main process and of the largest worker."
     )
 
 
 _TRACE_INGEST = "from tracecal.cli.ingest import main; main()"
-_HTA_PROCESS = (
+_HTA_PROCESS = (  # TraceAnalysis(trace_dir=...) is this with its process pool (ranks > 1) turned off
     "import logging, sys; logging.disable(logging.INFO); "
-    "from hta.trace_analysis import TraceAnalysis; TraceAnalysis(trace_dir=sys.argv[1])"
+    "from hta.common.trace import Trace; Trace(trace_dir=sys.argv[1]).load_traces(use_multiprocessing=False)"
 )
 
 
@@ -321,7 +341,8 @@ def _process_seconds(argv: list[str]) -> float | None:
 
 
 def end_to_end(paths: list[Path], repeat: int, with_hta: bool) -> None:
-    """``trace-ingest -j1`` into a new database vs a process building HTA's TraceAnalysis, alternated."""
+    """``trace-ingest -j1`` into a new database vs a process loading the traces as HTA's TraceAnalysis
+    does, in one process (like for like), alternated."""
     print(f"{'run':30s} {'trace-ingest -j1 s':>19s} {'HTA process s':>14s}  HTA ÷ trace-ingest (min, median)")
     for path in paths:
         files = _trace_files(path)
@@ -353,7 +374,11 @@ def end_to_end(paths: list[Path], repeat: int, with_hta: bool) -> None:
             f"{path.name[:30]:30s} {mine:>19s} {hta[0]:6.2f} {hta[len(hta) // 2]:6.2f}  "
             f"{hta[0] / ours[0]:4.2f}x {hta[len(hta) // 2] / ours[len(ours) // 2]:4.2f}x"
         )
-    print("\nmin and median wall of --repeat runs; trace-ingest also decodes (operators, collectives, iterations).")
+    print(
+        "\nmin and median wall of --repeat runs; trace-ingest also decodes (operators, collectives, iterations);"
+        "\nthe HTA process: python -c 'import hta...; Trace(trace_dir=...).load_traces(use_multiprocessing=False)',"
+        "\nwhat TraceAnalysis(trace_dir=...) runs, in one process."
+    )
 
 
 def stress(size_gb: float, source: Path, keep: bool) -> None:

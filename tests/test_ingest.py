@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import replace
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -88,9 +89,18 @@ def test_every_shared_trace_matches_an_independent_reading(shared_db: Path, trac
         assert file_rank == expected["rank"]
 
 
-def test_trace_ingest_dlrm_gives_eight_ranks(db_path: Path) -> None:
+def test_trace_ingest_dlrm_gives_eight_ranks(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[object] = []
+    real_ingest_runs = load.ingest_runs
+
+    def ingest_runs_noting_threads(con: duckdb.DuckDBPyConnection, *args: Any, **kwargs: Any) -> Any:
+        threads.append(con.execute("SELECT current_setting('threads')").fetchall()[0][0])
+        return real_ingest_runs(con, *args, **kwargs)
+
+    monkeypatch.setattr(load, "ingest_runs", ingest_runs_noting_threads)
     result = runner.invoke(app, ["ingest", str(KINETO / "dlrm_8rank"), "--db", str(db_path), "--workers", "2"])
     assert result.exit_code == 0, result.output
+    assert threads == [load.INGEST_THREADS]  # the command's connection is opened with it
     assert "dlrm_8rank" in result.output
     with duckdb.connect(str(db_path), read_only=True) as con:
         ranks = [r for (r,) in con.execute("SELECT rank FROM ranks WHERE run_id = 'dlrm_8rank' ORDER BY 1").fetchall()]
@@ -261,6 +271,7 @@ def test_a_started_pool_needs_no_pandas(monkeypatch: pytest.MonkeyPatch) -> None
 _INGEST_THEN_PANDAS = """
 import sys, tempfile
 from pathlib import Path
+from typing import Any
 from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
 keep_pandas_out_of_pyarrow()  # as trace-ingest does first
 from tracecal.ingest.pool import ParserPool

@@ -142,6 +142,17 @@ def test_an_existing_database_is_never_replaced_by_the_template(tmp_path: Path) 
         assert con.execute("SELECT value FROM tracecal_meta WHERE key = 'mine'").fetchall() == [("kept",)]
 
 
+def test_the_thread_count_is_set_when_connecting_and_not_kept_in_the_file(tmp_path: Path) -> None:
+    setting = "SELECT current_setting('threads')"
+    with open_database(tmp_path / "t.duckdb", cache_dir=tmp_path / "cache") as con:
+        default = con.execute(setting).fetchall()
+    for path in (tmp_path / "t.duckdb", tmp_path / "new.duckdb"):  # an existing and a new database
+        with open_database(path, cache_dir=tmp_path / "cache", threads=1) as con:
+            assert con.execute(setting).fetchall() == [(1,)]
+    with open_database(tmp_path / "t.duckdb") as con:
+        assert con.execute(setting).fetchall() == default
+
+
 @pytest.mark.parametrize(
     ("env", "expected"),
     [

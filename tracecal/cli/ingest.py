@@ -62,7 +62,7 @@ def ingest(
             pool.start()
         with pool:
             from tracecal.sql.connection import open_database
-            from tracecal.sql.load import IngestOptions, ingest_runs
+            from tracecal.sql.load import INGEST_THREADS, IngestOptions, ingest_runs
 
             options = IngestOptions(
                 run_id=run_id,
@@ -72,7 +72,10 @@ def ingest(
                 iteration_marker=iteration_marker,
                 layout=flags,
             )
-            with progress_bar() as bar, open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
+            with (
+                progress_bar() as bar,
+                open_database(settings.db_path, cache_dir=settings.cache_dir, threads=INGEST_THREADS) as con,
+            ):
                 tasks: dict[str, object] = {}
 
                 def on_progress(update: Progress) -> None:

@@ -243,21 +243,24 @@ def _copy_template(path: Path, cache_dir: Path) -> Path | None:
     return template
 
 
-def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
+def _connect(path: Path, read_only: bool, threads: int | None = None) -> duckdb.DuckDBPyConnection:
+    config: dict[str, str | bool | int | float | list[str]] = {} if threads is None else {"threads": threads}
     try:
-        return duckdb.connect(str(path), read_only=read_only)
+        return duckdb.connect(str(path), read_only=read_only, config=config)
     except duckdb.IOException as exc:
         raise SchemaError(f"cannot open database {path}: {str(exc).splitlines()[0]}") from exc
 
 
 @contextmanager
 def open_database(
-    path: Path, *, read_only: bool = False, cache_dir: Path | None = None
+    path: Path, *, read_only: bool = False, cache_dir: Path | None = None, threads: int | None = None
 ) -> Iterator[duckdb.DuckDBPyConnection]:
     """Open (creating if needed, unless read-only) a tracecal database with its schema in place.
 
     ``cache_dir``: where the empty-database template is kept (``Settings.cache_dir``); a new database
     is then a copy of it instead of ~0.1 s of DDL. None makes the schema in place.
+    ``threads``: DuckDB's thread count for this connection from the start (default: DuckDB's, one per
+    core); changing it later costs a few ms (DuckDB stops its thread pool).
 
     Raises:
         InputNotFoundError: ``read_only`` and the database file does not exist.
@@ -271,14 +274,14 @@ def open_database(
         if cache_dir is not None and not path.exists():
             copied_from = _copy_template(path, cache_dir)
     try:
-        con = _connect(path, read_only)
+        con = _connect(path, read_only, threads)
     except SchemaError:
         if copied_from is None:
             raise
         # a damaged template: forget it, and make this database the full way
         path.unlink()
         copied_from.unlink(missing_ok=True)
-        con = _connect(path, read_only)
+        con = _connect(path, read_only, threads)
     try:
         if read_only:
             if not schema_is_current(con):  # written by another tracecal: this version's views
