@@ -1,85 +1,105 @@
-"""Readers of the small result tables a decoded GPT-NeoX run folder carries next to its traces.
+"""The GPUModeling25 decoder's module-time tables, and Table 8 from a run's stored metadata.
 
-``best_batch/module_times_{average,min,average_old}.csv`` hold one measured module time per row
-(``module,function,gpu_runtime(us)``, the last a Python-list string ``[head, middle, tail]`` in µs, 0
-where the module was not found on that rank); ``best_batch/compares.csv`` holds the published
-comparison (``module,measurement(us),prediction(us),error,abs_mean_error``, each value a scalar or a
-3-list; ``error`` is a fraction). Values are returned as written: a 0 stays 0, because the published
-rules that consume these tables treat 0 as "not found" and callers must see exactly what was scored.
+``module_times_average.csv`` / ``module_times_min.csv`` have the columns ``module,function,gpu_runtime(us)``;
+the last cell is a Python-list string with one value per traced rank (head, middle, tail stage), in µs,
+where 0 means the target was not found on that rank. Pure reading: no DuckDB, no printing.
 """
 
 from __future__ import annotations
 
+import ast
 import csv
-import json
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from tracecal.errors import InputNotFoundError, TraceFormatError
+from tracecal.ingest.neox_log import NeoxLog, iteration_statistics
 
 MODULE_TIMES_COLUMNS = ("module", "function", "gpu_runtime(us)")
-"""Header of a ``module_times_*.csv`` file."""
-
-COMPARES_COLUMNS = ("module", "measurement(us)", "prediction(us)", "error", "abs_mean_error")
-"""Header of a ``compares.csv`` file."""
-
-
-def _rows(path: Path, columns: tuple[str, ...]) -> list[dict[str, str]]:
-    path = Path(path)
-    if not path.is_file():
-        raise InputNotFoundError(f"{path}: no such file (expected a decoded run's best_batch table)")
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        if tuple(reader.fieldnames or ()) != columns:
-            raise TraceFormatError(f"{path}: header {reader.fieldnames} is not {list(columns)}")
-        return list(reader)
-
-
-def _value(text: str, path: Path, row: int, column: str) -> float | list[float]:
-    """A cell holding a number or a JSON-compatible list of numbers (the tables' Python reprs are)."""
-    try:
-        parsed = json.loads(text)
-    except ValueError as exc:
-        raise TraceFormatError(f"{path}: row {row} column {column!r}: {text!r} is not a number or list") from exc
-    if isinstance(parsed, list) and all(isinstance(v, int | float) for v in parsed):
-        return [float(v) for v in parsed]
-    if isinstance(parsed, int | float) and not isinstance(parsed, bool):
-        return float(parsed)
-    raise TraceFormatError(f"{path}: row {row} column {column!r}: {text!r} is not a number or list")
+#: the row that holds the pipeline engine's ``train_batch`` span; some files label it ``update``
+TRAIN_BATCH_MODULES = ("train_batch", "update")
+#: keys of ``runs.metadata_json`` for a decoded GPUModeling25 run
+NEOX_LOG_KEY = "neox_log"
+MODULE_TIMES_KEY = "run_level_module_times"
 
 
 def read_module_times(path: Path) -> dict[str, list[float]]:
-    """``module_times_*.csv`` -> ``{module: [head, middle, tail]}`` in µs (0 = not found on that rank).
+    """Read a ``module,function,gpu_runtime(us)`` table: module name -> µs per traced rank.
 
-    A module written twice (the producer appends) must carry the same values both times.
-    Raises InputNotFoundError for a missing file, TraceFormatError for a bad header or cell.
+    A module listed twice (the tables were written in append mode) keeps its first row.
+
+    Raises:
+        InputNotFoundError: ``path`` does not exist.
+        TraceFormatError: the header is not ``module,function,gpu_runtime(us)`` or a cell is not a list
+            of numbers (the message names file, line and cell).
     """
-    path = Path(path)
+    if not path.is_file():
+        raise InputNotFoundError(f"no module-time table at {path}; expected <job>/module_times_average.csv or _min.csv")
+    with path.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    if not rows or tuple(cell.strip() for cell in rows[0]) != MODULE_TIMES_COLUMNS:
+        header = ",".join(rows[0]) if rows else "nothing"
+        raise TraceFormatError(
+            f"{path}: header is {header!r}, expected {','.join(MODULE_TIMES_COLUMNS)!r}; pass a module_times_*.csv"
+        )
+    times: dict[str, list[float]] = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(MODULE_TIMES_COLUMNS):
+            raise TraceFormatError(f"{path}:{line}: {len(row)} cells, expected {len(MODULE_TIMES_COLUMNS)}")
+        module, _, cell = (c.strip() for c in row)
+        values = _number_list(cell)
+        if values is None:
+            raise TraceFormatError(f"{path}:{line}: gpu_runtime(us) {cell!r} is not a list of numbers")
+        times.setdefault(module, values)
+    return times
+
+
+def train_batch_us(module_times: Mapping[str, Mapping[str, Sequence[float]]]) -> dict[str, list[float]]:
+    """The ``train_batch`` rows of ``{"average": read_module_times(...), "min": read_module_times(...)}``.
+
+    Returns ``{"average": [µs per rank], "min": [µs per rank]}`` with only the tables that have the row;
+    the row is ``train_batch``, else ``update`` (the min tables label the ``train_batch`` span so).
+    """
     out: dict[str, list[float]] = {}
-    for i, row in enumerate(_rows(path, MODULE_TIMES_COLUMNS), start=2):
-        value = _value(row["gpu_runtime(us)"], path, i, "gpu_runtime(us)")
-        if not isinstance(value, list):
-            raise TraceFormatError(f"{path}: row {i}: gpu_runtime(us) {value!r} is not a per-rank list")
-        module = row["module"]
-        if module in out and out[module] != value:
-            raise TraceFormatError(f"{path}: module {module!r} appears twice with different values")
-        out[module] = value
+    for table in ("average", "min"):
+        rows = module_times.get(table) or {}
+        name = next((n for n in TRAIN_BATCH_MODULES if n in rows), None)
+        if name is not None:
+            out[table] = [float(v) for v in rows[name]]
     return out
 
 
-def read_compares(path: Path) -> dict[str, dict[str, float | list[float]]]:
-    """``compares.csv`` -> ``{module: {"measurement", "prediction", "error", "abs_mean_error"}}``.
+def table8_from_metadata(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """`iteration_statistics` of a run from its ``runs.metadata_json`` (already ``json.loads``-ed).
 
-    Measurement and prediction are µs, ``error`` is the fraction (pred - meas) / meas, each a scalar or
-    a ``[head, middle, tail]`` list as written. ``module`` keeps the published prediction names
-    (``update`` is the optimizer step, ``1F1B_max_optimizer`` the iteration).
+    Uses ``metadata["neox_log"]`` (`NeoxLog.to_json`) and, where present,
+    ``metadata["run_level_module_times"]`` (``{"average": {module: [µs]}, "min": {module: [µs]}}``).
+
+    Raises:
+        TraceFormatError: ``neox_log`` is missing or was stored by another version.
     """
-    path = Path(path)
-    out: dict[str, dict[str, float | list[float]]] = {}
-    for i, row in enumerate(_rows(path, COMPARES_COLUMNS), start=2):
-        out[row["module"]] = {
-            "measurement": _value(row["measurement(us)"], path, i, "measurement(us)"),
-            "prediction": _value(row["prediction(us)"], path, i, "prediction(us)"),
-            "error": _value(row["error"], path, i, "error"),
-            "abs_mean_error": _value(row["abs_mean_error"], path, i, "abs_mean_error"),
-        }
-    return out
+    stored = metadata.get(NEOX_LOG_KEY)
+    if not isinstance(stored, Mapping):
+        raise TraceFormatError(f"run metadata has no {NEOX_LOG_KEY!r}; ingest the run with its GPT-NeoX log")
+    log = NeoxLog.from_json(stored)
+    module_times = metadata.get(MODULE_TIMES_KEY)
+    fallback = train_batch_us(module_times) if isinstance(module_times, Mapping) else None
+    return iteration_statistics(log, fallback)
+
+
+def _number_list(cell: str) -> list[float] | None:
+    try:
+        value = ast.literal_eval(cell)
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list | tuple):
+        return None
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value):
+        return None
+    return [float(v) for v in value]
