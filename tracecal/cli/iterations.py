@@ -1,8 +1,10 @@
-"""`tracecal iterations RUN`: per-iteration statistics, the best iteration, clock offsets."""
+"""`tracecal iterations RUN`: per-iteration statistics, the best iteration, clock offsets; Table 8 for
+decoded runs that carry a GPT-NeoX log."""
 
 from __future__ import annotations
 
-from typing import Annotated
+import json
+from typing import Annotated, Any
 
 import typer
 
@@ -14,11 +16,64 @@ def _ms(ns: float | None) -> str:
     return "" if ns is None else f"{ns / 1e6:.3f}"
 
 
+def _s(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
+
+
+def _run_metadata(con: Any, run: str) -> dict[str, Any]:
+    rows = con.execute("SELECT metadata_json FROM runs WHERE run_id = ?", [run]).fetchall()
+    if not rows or not rows[0][0]:
+        return {}
+    try:
+        metadata = json.loads(rows[0][0])
+    except json.JSONDecodeError:
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _render_table8(run: str, t8: dict[str, Any]) -> None:
+    """Table 8 of GPUModeling25 (iteration time over the profiled iterations) and where each figure came from."""
+    its = t8.get("iterations")
+    pct = t8.get("mean_vs_min_pct")
+    render_rows(
+        f"Table 8: iteration time of {run}",
+        ["iterations", "min s", "max s", "mean s", "std s", "(mean-min)/min %"],
+        [
+            [
+                "" if not its else f"{len(its)} ({its[0]}-{its[-1]})",
+                _s(t8.get("min_s")),
+                _s(t8.get("max_s")),
+                _s(t8.get("mean_s")),
+                _s(t8.get("std_s")),
+                "" if pct is None else f"{pct:.4f}",
+            ]
+        ],
+    )
+    by_source: dict[str, list[str]] = {}
+    for figure, source in t8.get("source", {}).items():
+        by_source.setdefault(source, []).append(figure)
+    render_rows(None, ["figures", "source"], [[", ".join(names), source] for source, names in by_source.items()])
+    if t8.get("missing"):
+        why = (
+            "the module-time tables give mean and min only"
+            if t8.get("mean_s") is not None
+            else "no module-time tables (module_times_average.csv / _min.csv) were stored with the run"
+        )
+        warn(
+            f"Table 8 of {run} lacks {', '.join(t8['missing'])}: the GPT-NeoX log has no 'elapsed time per "
+            f"iteration' lines for the profiled iterations and {why}"
+        )
+    if t8.get("missing_iterations"):
+        warn(f"profiled iterations missing from the log of {run}: {t8['missing_iterations']}")
+
+
 def iterations(
     run: Annotated[str, typer.Argument(help="Run id (see `tracecal runs`).")],
     db: DbOption = None,
 ) -> None:
-    """Per-iteration times (slowest rank), min/max/mean/std, the best iteration, clock offsets and residual skew."""
+    """Per-iteration times (slowest rank), min/max/mean/std, the best iteration, clock offsets and residual skew;
+    for a run stored with its GPT-NeoX log, the Table 8 row (profiled iterations, seconds) and each figure's source."""
+    from tracecal.ingest.gpumodeling25_tables import NEOX_LOG_KEY, table8_from_metadata
     from tracecal.sql.connection import open_database
     from tracecal.sql.iterations import iteration_report
 
@@ -26,6 +81,11 @@ def iterations(
         settings = Settings.resolve(db)
         with open_database(settings.db_path, read_only=True) as con:
             report = iteration_report(con, run)
+            metadata = _run_metadata(con, run)
+        if NEOX_LOG_KEY in metadata:
+            _render_table8(run, table8_from_metadata(metadata))
+            if report.iterations.num_rows == 0:
+                return
         if report.iterations.num_rows == 0:
             stdout.print(f"run {run} has no decoded iterations; re-ingest it with trace-ingest")
             return

@@ -103,3 +103,42 @@ def _number_list(cell: str) -> list[float] | None:
     if not all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value):
         return None
     return [float(v) for v in value]
+
+
+COMPARES_COLUMNS = ("module", "measurement(us)", "prediction(us)", "error", "abs_mean_error")
+"""Header of a run's ``best_batch/compares.csv`` (the published comparison)."""
+
+
+def read_compares(path: Path) -> dict[str, dict[str, float | list[float]]]:
+    """Read ``compares.csv``: module -> ``{"measurement", "prediction", "error", "abs_mean_error"}``.
+
+    Measurement and prediction are µs, ``error`` the fraction (pred − meas) / meas; each is a scalar or a
+    ``[head, middle, tail]`` list as written. ``module`` keeps the published prediction names (``update``
+    is the optimizer step, ``1F1B_max_optimizer`` the iteration).
+
+    Raises:
+        InputNotFoundError: ``path`` does not exist.
+        TraceFormatError: the header is not ``COMPARES_COLUMNS`` or a cell is not a number or list.
+    """
+    if not path.is_file():
+        raise InputNotFoundError(f"no published comparison at {path}; expected <job>/best_batch/compares.csv")
+    with path.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    if not rows or tuple(cell.strip() for cell in rows[0]) != COMPARES_COLUMNS:
+        header = ",".join(rows[0]) if rows else "nothing"
+        raise TraceFormatError(f"{path}: header is {header!r}, expected {','.join(COMPARES_COLUMNS)!r}")
+    out: dict[str, dict[str, float | list[float]]] = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(COMPARES_COLUMNS):
+            raise TraceFormatError(f"{path}:{line}: {len(row)} cells, expected {len(COMPARES_COLUMNS)}")
+        cells: dict[str, float | list[float]] = {}
+        for key, cell in zip(("measurement", "prediction", "error", "abs_mean_error"), row[1:], strict=True):
+            values = _number_list(cell.strip())
+            if values is None:
+                raise TraceFormatError(f"{path}:{line}: {key} {cell!r} is not a number or list of numbers")
+            # a list cell stays a per-stage list, a bare number stays a scalar
+            cells[key] = values if cell.strip().startswith("[") else values[0]
+        out[row[0].strip()] = cells
+    return out
