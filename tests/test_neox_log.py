@@ -213,9 +213,8 @@ def _tiny_text(profile: tuple[int, int], iteration_ms: list[float], host: str = 
     ]
     lines += [f"{host}: stage=1 layers=1", f"{host}:     2: ParallelTransformerLayerPipe", f"{host}:   loss: partial"]
     for it, ms in enumerate(iteration_ms, start=1):
-        lines.append(
-            f"{host}:  samples/sec: 1.0 | iteration {it:8d}/{len(iteration_ms):8d} | elapsed time per iteration (ms): {ms} |"
-        )
+        counter = f"iteration {it:8d}/{len(iteration_ms):8d}"
+        lines.append(f"{host}:  samples/sec: 1.0 | {counter} | elapsed time per iteration (ms): {ms} |")
     return "\n".join(lines) + "\n"
 
 
