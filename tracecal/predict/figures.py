@@ -101,3 +101,70 @@ def rank_timeline(prediction: Prediction, rank: int, path: Path, title: str = ""
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def published_component_shares(shares: pl.DataFrame, path: Path) -> Path:
+    """Horizontal bars, one panel per run: the share (%) of the predicted iteration each published
+    component takes (``shares``: rows of ``published.component_shares`` for several runs)."""
+    plt = _pyplot()
+    runs = list(dict.fromkeys(shares["run_id"].to_list()))
+    cols = min(3, max(1, len(runs)))
+    rows = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False, sharex=True)
+    for ax, run in zip(axes.flat, runs, strict=False):
+        part = shares.filter(pl.col("run_id") == run)
+        names = part["component"].to_list()
+        values = part["share_pct"].fill_null(0.0).to_numpy()
+        y = np.arange(len(names))
+        ax.barh(y, values, color="#4C72B0")
+        for yi, v in zip(y, values, strict=True):
+            ax.text(v, yi, f" {v:.1f}", va="center", fontsize=6)
+        ax.set_yticks(y, names, fontsize=7)
+        ax.invert_yaxis()
+        ax.set_title(run, fontsize=8)
+    for ax in list(axes.flat)[len(runs) :]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("% of the predicted iteration")
+    fig.suptitle("component shares of the predicted iteration (shares overlap)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def published_stage_times(stages: pl.DataFrame, path: Path) -> Path:
+    """A grid of runs (rows) by module (``stage_fwd``, ``stage_bwd``, ``optimizer``; columns): measured
+    and predicted ms per pipeline stage (``stages``: rows of ``published.stage_comparison``); a measured
+    bar edited by hand in the published measurements is hatched."""
+    plt = _pyplot()
+    runs = list(dict.fromkeys(stages["run_id"].to_list()))
+    modules = list(dict.fromkeys(stages["module"].to_list()))
+    fig, axes = plt.subplots(len(runs), len(modules), figsize=(3.6 * len(modules), 2.4 * len(runs)), squeeze=False)
+    width = 0.38
+    for r, run in enumerate(runs):
+        for c, module in enumerate(modules):
+            ax = axes[r][c]
+            part = stages.filter((pl.col("run_id") == run) & (pl.col("module") == module))
+            x = np.arange(part.height, dtype=float)
+            measured = part["measured_ms"].fill_null(0.0).to_numpy()
+            predicted = part["predicted_ms"].fill_null(0.0).to_numpy()
+            bars = ax.bar(x - width / 2, measured, width, color="#937860", label="measured")
+            for bar, edited in zip(bars, part["hand_edited"].to_list(), strict=True):
+                if edited:
+                    bar.set_hatch("///")
+                    bar.set_edgecolor("white")
+            ax.bar(x + width / 2, predicted, width, color="#4C72B0", label="predicted")
+            ax.set_xticks(x, part["stage"].to_list(), fontsize=7)
+            ax.tick_params(axis="y", labelsize=7)
+            ax.set_title(f"{run}: {module}", fontsize=7)
+            if c == 0:
+                ax.set_ylabel("ms", fontsize=7)
+    axes[0][-1].legend(fontsize=6, loc="upper right")
+    fig.suptitle("measured vs predicted per stage (hatched: measured value edited by hand)", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
