@@ -6,7 +6,11 @@ kernels, shapes outside the grid). Here every traced compute operator and collec
 ``runs.cluster`` is the calibrated cluster is routed to a model, and per run and family we report the
 same error metrics as on samples plus the share of traced time a model covered.
 
-``traced_rows`` reads (I/O); ``in_trace_report`` is a pure transform of rows and predictions.
+The unit scored is the CPU operator, not the kernel: a sample times one call of an op, whatever
+kernels it launched (a layer norm backward runs two), so the kernels of one CPU operator are summed
+(``per_operator``) and the operator is predicted once.
+
+``traced_rows`` reads (I/O); ``per_operator`` and ``in_trace_report`` are pure transforms.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ QUERIES = Path(tracecal.sql.__file__).parent / "queries"
 REPORT_SCHEMA = {
     "run_id": pl.Utf8,
     "family": pl.Utf8,
+    "kernels": pl.Int64,
     "operators": pl.Int64,
     "predicted": pl.Int64,
     "measured_ms": pl.Float64,
@@ -35,22 +40,55 @@ REPORT_SCHEMA = {
     "p50_ape": pl.Float64,
     "p90_ape": pl.Float64,
     "max_ape": pl.Float64,
+    "time_error": pl.Float64,
 }
-"""Columns of the in-trace table: ``measured_ms`` of all the family's operators, ``predicted_ms`` of
-the covered ones (and their measured sum is ``covered_share`` × ``measured_ms``), errors in %."""
+"""Columns of the in-trace table: ``kernels`` and CPU ``operators`` of the family, ``measured_ms`` of
+all of them, ``predicted_ms`` of the covered ones (and their measured sum is ``covered_share`` ×
+``measured_ms``), errors in %; ``time_error`` is the signed error of the covered time,
+``100 · (predicted − measured) / measured`` summed over the covered operators."""
 
 
 def traced_rows(con: duckdb.DuckDBPyConnection, cluster: str) -> pl.DataFrame:
     """Compute operators (``operators``) and collectives of every run of ``cluster``, one frame.
 
-    Columns: run_id, rank, event_id, name, family, phase, dur_ns, the shape columns, and for
-    collectives ``collective`` and the comm columns (NULL on compute rows). Empty when the cluster
-    has no ingested runs.
+    One row per CPU operator (``per_operator``: its kernels' durations summed, ``kernels`` counts
+    them) or collective. Columns: run_id, rank, event_id, cpu_op_event_id, name, family, phase,
+    dur_ns, kernels, the shape columns, and for collectives ``collective`` and the comm columns (NULL
+    on compute rows). Empty when the cluster has no ingested runs.
     """
     ops = pl.from_arrow(query_arrow(con, (QUERIES / "calibrate_traced_operators.sql").read_text(), [cluster]))
     comms = pl.from_arrow(query_arrow(con, (QUERIES / "calibrate_traced_collectives.sql").read_text(), [cluster]))
     assert isinstance(ops, pl.DataFrame) and isinstance(comms, pl.DataFrame)
-    return pl.concat([ops, comms], how="diagonal_relaxed")
+    return pl.concat([per_operator(ops), comms], how="diagonal_relaxed")
+
+
+def per_operator(rows: pl.DataFrame) -> pl.DataFrame:
+    """One row per CPU operator: the kernels sharing (run_id, rank, cpu_op_event_id) become one row
+    with the first kernel's columns (in row order), ``dur_ns`` their sum and ``kernels`` their count.
+
+    Rows without ``cpu_op_event_id`` (an unlinked kernel; a frame without the column) stay one
+    operator each. ``run_id`` and ``rank`` join the key where the frame has them. A frame that
+    already has ``kernels`` is taken to be per operator and returned as it is.
+    """
+    if "kernels" in rows.columns:
+        return rows
+    if rows.height == 0 or "cpu_op_event_id" not in rows.columns:
+        return rows.with_columns(pl.lit(1, pl.Int64).alias("kernels"))
+    # an unlinked kernel is its own operator: a key no linked row can take
+    unlinked = -1 - pl.int_range(pl.len(), dtype=pl.Int64)
+    key = pl.coalesce(pl.col("cpu_op_event_id").cast(pl.Int64), unlinked).alias("_op")
+    by = [c for c in ("run_id", "rank") if c in rows.columns] + ["_op"]
+    others = [c for c in rows.columns if c not in (*by, "dur_ns")]
+    return (
+        rows.with_columns(key)
+        .group_by(by, maintain_order=True)
+        .agg(
+            *(pl.col(c).first() for c in others),
+            pl.col("dur_ns").sum(),
+            pl.len().cast(pl.Int64).alias("kernels"),
+        )
+        .select(*rows.columns, "kernels")
+    )
 
 
 def in_trace_report(rows: pl.DataFrame, predicted_ns: np.ndarray) -> pl.DataFrame:
@@ -59,12 +97,14 @@ def in_trace_report(rows: pl.DataFrame, predicted_ns: np.ndarray) -> pl.DataFram
     over the predicted operators.
 
     Args:
-        rows: ``traced_rows`` output (needs run_id, family, dur_ns).
+        rows: ``traced_rows`` output, one row per operator (needs run_id, family, dur_ns; ``kernels``
+            per operator, 1 when absent).
         predicted_ns: ``CalibratedModels.predict(rows)``; NaN where no model covers the row.
     """
     if rows.height == 0:
         return pl.DataFrame(schema=REPORT_SCHEMA)
-    frame = rows.select("run_id", pl.col("family").fill_null("other"), "dur_ns").with_columns(
+    kernels = pl.col("kernels") if "kernels" in rows.columns else pl.lit(1, pl.Int64).alias("kernels")
+    frame = rows.select("run_id", pl.col("family").fill_null("other"), "dur_ns", kernels).with_columns(
         pl.Series("pred", np.asarray(predicted_ns, dtype=np.float64))
     )
     out = []
@@ -78,10 +118,12 @@ def in_trace_report(rows: pl.DataFrame, predicted_ns: np.ndarray) -> pl.DataFram
             covered = np.isfinite(pred)
             metrics = error_metrics(pred[covered], measured[covered])
             total = float(measured.sum())
+            covered_ns = float(measured[covered].sum())
             out.append(
                 {
                     "run_id": run_id,
                     "family": family,
+                    "kernels": int(part.get_column("kernels").sum()),
                     "operators": int(part.height),
                     "predicted": int(covered.sum()),
                     "measured_ms": total / 1e6,
@@ -91,6 +133,7 @@ def in_trace_report(rows: pl.DataFrame, predicted_ns: np.ndarray) -> pl.DataFram
                     "p50_ape": metrics["p50_ape"],
                     "p90_ape": metrics["p90_ape"],
                     "max_ape": metrics["max_ape"],
+                    "time_error": 100 * (float(pred[covered].sum()) - covered_ns) / covered_ns if covered_ns else None,
                 }
             )
     return pl.DataFrame(out, schema=REPORT_SCHEMA)

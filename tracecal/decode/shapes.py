@@ -217,6 +217,19 @@ def _kernel_families(kernel_names: Sequence[str]) -> None:
             _KERNEL_FAMILIES[name] = (bool(_COMPILED[0][2].search(name)), first)
 
 
+def cpu_op_family(cpu_op_name: str | None) -> str | None:
+    """The family ``family_of``'s CPU-op rule alone gives ``cpu_op_name``; None when no CPU-op
+    pattern matches (or no name), so a caller can tell "unknown" from a family."""
+    return _cpu_family(cpu_op_name) if cpu_op_name else None
+
+
+def kernel_families(kernel_names: Sequence[str | None]) -> list[str | None]:
+    """The family ``family_of``'s kernel-name rule alone gives each name (``comm`` for NCCL/RCCL
+    kernels); None where no kernel pattern matches or the name is null."""
+    _kernel_families([k for k in kernel_names if k])
+    return [_KERNEL_FAMILIES[k][1] if k else None for k in kernel_names]
+
+
 def _families(triples: list[tuple[str | None, str | None, str | None]]) -> list[str]:
     """``family_of`` of each (cpu_op_name, kernel_name, kind): CPU names by Python's regexes (short,
     cached), kernel names by ``_kernel_families``; the same rule order as ``family_of``."""

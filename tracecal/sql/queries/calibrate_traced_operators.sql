@@ -4,12 +4,13 @@
 -- `collectives` table (calibrate_traced_collectives.sql), which carries their sizes and topology.
 -- Columns:
 --   run_id, rank, event_id   the operator (see `operators`)
+--   cpu_op_event_id          the CPU operator that launched it (its kernels are scored as one op)
 --   kind, name, cpu_op_name  activity kind, kernel/operator name, innermost CPU operator
 --   family, phase            op family and phase (SPEC §5.1, §5.2)
 --   dur_ns                   measured duration, ns
 --   <shape columns>          schema.SHAPE_COLUMNS of the operator (batch ... io_bytes)
 SELECT
-    o.run_id, o.rank, o.event_id, o.kind, o.name, o.cpu_op_name, o.family, o.phase, o.dur_ns,
+    o.run_id, o.rank, o.event_id, o.cpu_op_event_id, o.kind, o.name, o.cpu_op_name, o.family, o.phase, o.dur_ns,
     o.batch, o.m, o.n, o.k, o.heads, o.seq_q, o.seq_k, o.head_dim, o.causal, o.elements, o.tokens,
     o.vocab, o.hidden, o.params, o.dtype, o.flops, o.io_bytes
 FROM operators AS o
