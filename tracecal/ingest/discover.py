@@ -17,12 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from tracecal.errors import InputNotFoundError, TraceFormatError
+from tracecal.ingest.decoded_run import decoded_job_dir
 
 KINETO_SUFFIXES = (".json", ".json.gz")
 """Kineto traces: ``*.json``, ``*.json.gz`` (including ``*.pt.trace.json[.gz]``)."""
 
 NSYS_SUFFIXES = (".sqlite", ".sqlite.gz", ".nsys-rep")
 """Nsight Systems exports and reports, routed to the Nsight reader."""
+
+DECODED_FORMAT = "gpumodeling25"
+"""``runs.format`` of a decoded GPT-NeoX run folder (per-kernel tables and a log, no traces)."""
 
 NON_TRACE_JSON = frozenset({"run.json"})
 """JSON files in a run directory that are metadata, not traces."""
@@ -86,9 +90,13 @@ class DiscoveredRun:
     run_dir: Path
     files: tuple[TraceFile, ...]
     layout: ParallelLayout = field(default_factory=ParallelLayout)
+    decoded_job: Path | None = None
+    """The job folder when the run is a decoded GPT-NeoX run (kernel tables, no traces)."""
 
     @property
     def format(self) -> str:
+        if self.decoded_job is not None:
+            return DECODED_FORMAT
         formats = {f.format for f in self.files}
         return formats.pop() if len(formats) == 1 else "mixed"
 
@@ -147,6 +155,9 @@ def discover_run(run_dir: Path, layout_flags: ParallelLayout | None = None) -> D
         files = _without_shadowed(sorted(p for p in run_dir.rglob("*") if p.is_file() and trace_format(p)), run_dir)
         if not files and not any(run_dir.iterdir()):
             raise InputNotFoundError(f"{run_dir} is empty; give a directory holding one trace per rank")
+        job = decoded_job_dir(run_dir) if not files else None
+        if job is not None:
+            return DiscoveredRun(run_dir=run_dir.resolve(), files=(), layout=run_layout(run_dir), decoded_job=job)
     if not files:
         raise InputNotFoundError(
             f"no trace files in {run_dir} (looked for *.json, *.json.gz, *.pt.trace.json[.gz], "

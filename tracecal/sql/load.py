@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,8 @@ from tracecal.ingest.discover import (
     missing_ranks,
     world_size_of,
 )
-from tracecal.ingest.pool import OnError, ParserPool, Skipped
+from tracecal.ingest.pool import OnError, ParserPool, Parsing, Skipped
+from tracecal.ingest.reconstruct import RebuiltRun, rebuild_run
 from tracecal.ingest.trace import ParsedRank
 from tracecal.schema import RANKS, RUN_TABLES, RUNS, arrow_schema
 from tracecal.sql.decoding import DecodeHandoff, DecodeSummary, StoredRun, decode_stored_run
@@ -194,9 +195,16 @@ def _ingest_run(
 ) -> RunReport:
     started = time.perf_counter()
     skipped: list[Skipped] = []
+    rebuilt = _rebuild(run) if run.decoded_job is not None else None
+    if rebuilt is not None:
+        run = replace(run, layout=rebuilt.layout.merged(run.layout), files=_rebuilt_files(rebuilt))
     stored = _StoredRanks(con, run_id, len(run.files))
     # Helper processes start on the files now, while this process opens the transaction.
-    parsing = pool.parse(run.files, options.on_error, skipped, idle=stored.flush)
+    parsing = (
+        Parsing(_rebuilt_ranks(run, rebuilt))
+        if rebuilt is not None
+        else pool.parse(run.files, options.on_error, skipped, idle=stored.flush)
+    )
     began = False
     try:
         con.execute("BEGIN TRANSACTION")
@@ -267,7 +275,7 @@ def _ingest_run(
         missing_ranks=tuple(missing_ranks(sorted(stored.owners), world_size)),
         layout=layout,
         skipped=tuple(skipped),
-        warnings=tuple(stored.notes),
+        warnings=tuple(stored.notes) + (tuple(rebuilt.notes) if rebuilt is not None else ()),
         decode=decoded,
     )
 
@@ -383,6 +391,25 @@ class _OneThreadForLargeInserts:
         if self.restore_to is not None and self.restore_to != 1:
             self.con.execute(f"SET threads = {self.restore_to}")
         self.restore_to = None
+
+
+def _rebuild(run: DiscoveredRun) -> RebuiltRun:
+    """A decoded GPT-NeoX run rebuilt as rank traces; kernel-table rows whose CPU operator did not
+    launch their kernel are found by decode's consistency rules."""
+    from tracecal.decode.consistency import misaligned_ops
+
+    assert run.decoded_job is not None
+    rebuilt = rebuild_run(run.decoded_job, name_layout=run.layout, misaligned=misaligned_ops)
+    return replace(rebuilt, layout=replace(rebuilt.layout, metadata=rebuilt.metadata))
+
+
+def _rebuilt_files(rebuilt: RebuiltRun) -> tuple[TraceFile, ...]:
+    """One pseudo trace file per rebuilt rank (the rank folder its tables came from)."""
+    return tuple(TraceFile(path=r.file, format=r.format, path_rank=r.rank, size_bytes=0) for r in rebuilt.ranks)
+
+
+def _rebuilt_ranks(run: DiscoveredRun, rebuilt: RebuiltRun) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
+    yield from zip(run.files, ([r] for r in rebuilt.ranks), strict=True)
 
 
 def _delete_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:

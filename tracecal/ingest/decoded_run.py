@@ -1,0 +1,178 @@
+"""A decoded GPT-NeoX run folder, as the published GPUModeling25 decoder leaves it (pure reading).
+
+Layout (the run folder, or its job sub-folder)::
+
+    <job>/{0,1,2}/{fwd,bwd,encoder_fwd,encoder_bwd,reduce_grads,optimizer_step}.csv   per-kernel tables
+    <job>/best_batch_statistics/{0,1,2}/{pp_p2p,dp_allreduce,optimizer}.csv         best iteration's tables
+    <job>/module_times_{average,min}.csv, <job>/best_batch/module_times_*.csv          measured module times
+    <job>/best_batch/compares.csv                                                      published comparison
+    <job>/*.log                                                                        the GPT-NeoX log
+
+Rank folders 0, 1 and 2 are the head (global rank 0), the first rank of the second pipeline stage and
+the last rank. A kernel table has one row per kernel position of a module: the outermost and innermost
+CPU operator with their External id and ``Input Dims``, the kernel name, its mean duration over the
+aligned occurrences and ``kernel_overhead(us)``, which is the summed gap before the kernel divided by
+3 rather than by the number of occurrences N (a bug of the published decoder). ``gap_us`` here undoes
+it, with N from the run itself (see ``occurrences``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+
+from tracecal.errors import InputNotFoundError, TraceFormatError
+from tracecal.ingest.gpumodeling25_tables import read_compares, read_module_times
+
+POSITIONS = ("head", "middle", "tail")
+"""What the rank folders 0, 1 and 2 hold: the first, a middle and the last pipeline stage."""
+
+RUN_TABLES = ("fwd", "bwd", "encoder_fwd", "encoder_bwd", "reduce_grads", "optimizer_step")
+"""Per-kernel tables of every traced rank, decoded from the whole trace."""
+
+BEST_BATCH_TABLES = ("pp_p2p", "dp_allreduce", "optimizer")
+"""Per-kernel tables of the best iteration (``pp_p2p`` is absent on the last stage)."""
+
+TABLE_COLUMNS = (
+    "cpu_op_0",
+    "cpu_op_0_id",
+    "cpu_op_0_input_dim",
+    "cpu_op_1",
+    "cpu_op_1_id",
+    "cpu_op_1_input_dim",
+    "kernel",
+    "kernel_id",
+    "kernel_overhead(us)",
+    "kernel_dur(us)",
+)
+"""Header of every per-kernel table."""
+
+_NONE = "None"
+"""How the published decoder writes a missing CPU operator."""
+
+
+def decoded_job_dir(path: Path) -> Path | None:
+    """The job folder of a decoded GPT-NeoX run at ``path`` (the folder itself or its only job
+    sub-folder), or None when ``path`` is not one. A job folder has rank folders 0/1/2 of kernel
+    tables and a ``*.log``."""
+    if not path.is_dir():
+        return None
+    candidates = [path, *sorted(p for p in path.iterdir() if p.is_dir())]
+    for job in candidates:
+        if (job / "0" / "encoder_fwd.csv").is_file() and any(job.glob("*.log")):
+            return job
+    return None
+
+
+def read_kernel_table(path: Path) -> pl.DataFrame:
+    """One per-kernel table: ``outer_op, outer_id, outer_dims, inner_op, inner_id, inner_dims, kernel,
+    overhead_us, dur_us`` in row order (CPU columns NULL where the decoder found none).
+
+    Raises:
+        InputNotFoundError: the file is missing.
+        TraceFormatError: the header or a number is not what the published decoder writes.
+    """
+    if not path.is_file():
+        raise InputNotFoundError(f"{path}: missing; a decoded run needs every rank folder's kernel tables")
+    try:
+        raw = pl.read_csv(path, infer_schema=False)
+    except (pl.exceptions.ComputeError, pl.exceptions.NoDataError) as exc:
+        raise TraceFormatError(f"{path}: not a readable CSV ({exc})") from exc
+    if tuple(raw.columns) != TABLE_COLUMNS:
+        raise TraceFormatError(
+            f"{path}: header {raw.columns} is not a decoded kernel table ({', '.join(TABLE_COLUMNS)})"
+        )
+
+    def text(col: str) -> pl.Expr:
+        return pl.when(pl.col(col).is_in([_NONE, ""])).then(None).otherwise(pl.col(col))
+
+    try:
+        return raw.select(
+            text("cpu_op_0").alias("outer_op"),
+            text("cpu_op_0_id").cast(pl.Int64).alias("outer_id"),
+            text("cpu_op_0_input_dim").alias("outer_dims"),
+            text("cpu_op_1").alias("inner_op"),
+            text("cpu_op_1_id").cast(pl.Int64).alias("inner_id"),
+            text("cpu_op_1_input_dim").alias("inner_dims"),
+            pl.col("kernel"),
+            pl.col("kernel_overhead(us)").cast(pl.Float64).alias("overhead_us"),
+            pl.col("kernel_dur(us)").cast(pl.Float64).alias("dur_us"),
+        )
+    except pl.exceptions.InvalidOperationError as exc:
+        raise TraceFormatError(f"{path}: a number column holds text ({exc})") from exc
+
+
+def occurrences(table: pl.DataFrame, span_us: float | None, most: int) -> float:
+    """How many module occurrences N the table averages over, so that the true mean gap is
+    ``overhead_us · 3 / N``.
+
+    The published decoder keeps only the occurrences of maximal length, so N is at most ``most`` (the
+    occurrences the traced iterations hold) and may be smaller. When the module's measured mean span is
+    known and longer than its kernels, N is the value that makes kernels plus gaps fill that span;
+    otherwise ``most``.
+    """
+    kernels = float(table["dur_us"].sum())
+    overhead = float(table["overhead_us"].clip(lower_bound=0).sum())
+    if span_us is None or span_us <= kernels or overhead <= 0:
+        return float(most)
+    return min(float(most), max(1.0, 3.0 * overhead / (span_us - kernels)))
+
+
+@dataclass(frozen=True)
+class DecodedRun:
+    """Everything a decoded run folder holds that tracecal uses.
+
+    Attributes:
+        job_dir: the job folder.
+        log_path: the GPT-NeoX log.
+        tables: ``tables[position][name]`` kernel tables of ``RUN_TABLES`` per traced rank.
+        best_batch: ``best_batch[position][name]`` tables of ``BEST_BATCH_TABLES`` (where present).
+        module_times: measured module times, µs per position: ``run_level_average``, ``run_level_min``,
+            ``best_batch_average``, ``best_batch_min``, ``best_batch_average_old`` (where present).
+        compares: the published ``best_batch/compares.csv`` (empty when absent).
+    """
+
+    job_dir: Path
+    log_path: Path
+    tables: dict[str, dict[str, pl.DataFrame]]
+    best_batch: dict[str, dict[str, pl.DataFrame]]
+    module_times: dict[str, dict[str, list[float]]] = field(default_factory=dict)
+    compares: dict[str, dict] = field(default_factory=dict)
+
+
+def read_decoded_run(path: Path) -> DecodedRun:
+    """Read a decoded run folder (``path`` is the run folder or its job folder).
+
+    Raises:
+        InputNotFoundError: not a decoded run, or a rank table or the log is missing.
+        TraceFormatError: a table is malformed.
+    """
+    job = decoded_job_dir(path)
+    if job is None:
+        raise InputNotFoundError(
+            f"{path}: not a decoded GPT-NeoX run (expected 0/encoder_fwd.csv and a *.log in it or its job folder)"
+        )
+    logs = sorted(job.glob("*.log"))
+    tables = {
+        pos: {name: read_kernel_table(job / str(i) / f"{name}.csv") for name in RUN_TABLES}
+        for i, pos in enumerate(POSITIONS)
+    }
+    best: dict[str, dict[str, pl.DataFrame]] = {}
+    for i, pos in enumerate(POSITIONS):
+        folder = job / "best_batch_statistics" / str(i)
+        best[pos] = {
+            n: read_kernel_table(folder / f"{n}.csv") for n in BEST_BATCH_TABLES if (folder / f"{n}.csv").is_file()
+        }
+    sources = {
+        "run_level_average": job / "module_times_average.csv",
+        "run_level_min": job / "module_times_min.csv",
+        "best_batch_average": job / "best_batch" / "module_times_average.csv",
+        "best_batch_min": job / "best_batch" / "module_times_min.csv",
+        "best_batch_average_old": job / "best_batch" / "module_times_average_old.csv",
+    }
+    module_times = {key: read_module_times(p) for key, p in sources.items() if p.is_file()}
+    compares_path = job / "best_batch" / "compares.csv"
+    compares = read_compares(compares_path) if compares_path.is_file() else {}
+    return DecodedRun(job, logs[0], tables, best, module_times, compares)

@@ -1,0 +1,811 @@
+"""One training iteration of a decoded GPT-NeoX run, rebuilt as the rank traces DeepSpeed would write.
+
+The published decoder kept only per-kernel tables of three ranks (head, one middle stage, tail). From
+them and the run's log this module rebuilds the whole iteration of one rank per pipeline stage (the
+first tensor- and data-parallel rank of each stage; the others are replicas) and hands it on as
+ordinary Kineto-style events, so decode, storage and replay are those of every real trace:
+
+* each stage runs DeepSpeed's 1F1B instruction stream (``pipeline_schedule``) over the log's
+  micro-batches: per forward the stage forward table (its layers, the tensor-parallel all-reduces,
+  the activation-checkpointed layer inputs), per backward the stage backward table (with the
+  recompute), the activation sends of the best iteration's table, then the gradient reduction and the
+  optimizer step (ZeRO all-gather included);
+* middle stages use the middle rank's tables; a middle stage with another transformer-layer count
+  than the traced one gets layer blocks added or removed (found by matching the encoder table);
+* the receives mirror the neighbour's sends; a gradient send carries the largest activation tensor;
+* in the optimizer step, DeepSpeed's ZeRO optimizer reduces the overflow flag and the gradient norm
+  over the data-parallel group and then over the model-parallel group, which spans every stage: the
+  second of each such pair of one-element all-reduces is a collective of all stages;
+* kernels keep their measured mean duration and the true gap before them (``decoded_run.occurrences``);
+  a collective joined by several stages (a send and its receive, the model-parallel all-reduces) starts
+  when the last member arrives and lasts the shortest member's measured time, the others having waited.
+
+CPU operators are laid out as a compact program ahead of the GPU (never the bottleneck), nested in the
+DeepSpeed scopes that name the measured modules (``MODULE_SCOPES``). Everything is documented in
+``docs/published-runs.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from math import prod
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+
+from tracecal.errors import TraceFormatError
+from tracecal.ingest.decoded_run import DecodedRun, occurrences, read_decoded_run
+from tracecal.ingest.discover import ParallelLayout
+from tracecal.ingest.gpumodeling25_tables import MODULE_TIMES_KEY, NEOX_LOG_KEY
+from tracecal.ingest.neox_log import NeoxLog, parse_neox_log
+from tracecal.ingest.pipeline_schedule import stage_instructions
+from tracecal.ingest.trace import ParsedRank
+from tracecal.schema import EVENTS, arrow_schema
+
+SCOPE = {
+    "train_batch": "deepspeed/runtime/pipe/engine.py: train_batch",
+    "forward": "deepspeed/runtime/pipe/engine.py: _exec_forward_pass",
+    "stage_forward": "deepspeed/runtime/pipe/module.py: forward",
+    "backward": "deepspeed/runtime/pipe/engine.py: _exec_backward_pass",
+    "layer_forward": "deepspeed/runtime/activation_checkpointing/checkpointing.py: forward",
+    "layer_backward": "CheckpointFunctionBackward",
+    "send_activation": "deepspeed/runtime/pipe/engine.py: _exec_send_activations",
+    "recv_activation": "deepspeed/runtime/pipe/engine.py: _exec_recv_activations",
+    "send_grad": "deepspeed/runtime/pipe/engine.py: _exec_send_grads",
+    "recv_grad": "deepspeed/runtime/pipe/engine.py: _exec_recv_grads",
+    "reduce_grads": "deepspeed/runtime/pipe/engine.py: _exec_reduce_grads",
+    "optimizer_step": "deepspeed/runtime/pipe/engine.py: _exec_optimizer_step",
+    "all_gather": "deepspeed/runtime/utils.py: all_gather_all_partitions",
+    "tp_reduce": "_ReduceFromModelParallelRegion",
+}
+"""The DeepSpeed/GPT-NeoX frames the rebuilt CPU program nests its operators in (as a ``with_stack``
+trace names them, without line numbers)."""
+
+MODULE_SCOPES = {
+    "encoder_fwd": r"activation_checkpointing/checkpointing\.py(\(\d+\))?: forward$",
+    "encoder_bwd": r"^CheckpointFunctionBackward$",
+    "update": r"pipe/engine\.py(\(\d+\))?: train_batch$",
+    "pp_p2p": r"pipe/engine\.py(\(\d+\))?: _exec_send_activations$",
+    "mp_allreduce": r"^_ReduceFromModelParallelRegion$",
+    "dp_allreduce": r"pipe/engine\.py(\(\d+\))?: _exec_reduce_grads$",
+    "dp_allgather": r"runtime/utils\.py(\(\d+\))?: all_gather_all_partitions$",
+    "stage_fwd": r"pipe/module\.py(\(\d+\))?: forward$",
+    "stage_bwd": r"pipe/engine\.py(\(\d+\))?: _exec_backward_pass$",
+    "optimizer": r"pipe/engine\.py(\(\d+\))?: _exec_optimizer_step$",
+}
+"""The published measured modules and the DeepSpeed frame each is the GPU span of (names as in the
+published ``module_times`` files; line numbers optional so real traces of any version match)."""
+
+_INSTRUCTION_TABLE = {
+    "forward": "fwd",
+    "backward": "bwd",
+    "reduce_grads": "reduce_grads",
+    "optimizer_step": "optimizer_step",
+}
+_MODULE_SPAN = {"fwd": "stage_fwd", "bwd": "stage_bwd", "reduce_grads": "dp_allreduce", "optimizer_step": "optimizer"}
+"""The run-level measured module whose mean span pins the gaps of each table (``occurrences``)."""
+
+_COLLECTIVE = re.compile(
+    r"(?i)nccl\w*Kernel_(?P<op>AllReduce|AllGather|ReduceScatter|SendRecv|Broadcast|Reduce|AllToAll)"
+)
+_KERNEL_DTYPE = re.compile(r"_(?P<t>half|float|double|bfloat16|uint8_t|int8_t|int32_t|int64_t)\(")
+_NCCL_DTYPES = {"half": "Half", "float": "Float", "double": "Double", "bfloat16": "BFloat16", "uint8_t": "Byte"}
+"""Kernel-name element types kept as they are; an ``int8_t`` kernel moves bytes of tensors of the run's
+precision (send/recv and all-gather buffers)."""
+_PRECISION_TYPES = {"fp16": ("c10::Half", "Half"), "bf16": ("c10::BFloat16", "BFloat16"), "fp32": ("float", "Float")}
+SMALL_ALLREDUCE_ELEMENTS = 64
+"""All-reduces of at most this many elements in the optimizer step are the ZeRO flag/norm reductions."""
+
+ROW_SCHEMA = {
+    "kernel": pl.String,
+    "kind": pl.String,
+    "dur_ns": pl.Int64,
+    "gap_ns": pl.Int64,
+    "outer_op": pl.String,
+    "outer_id": pl.Int64,
+    "outer_dims": pl.String,
+    "inner_op": pl.String,
+    "inner_id": pl.Int64,
+    "inner_dims": pl.String,
+    "coll": pl.String,
+    "peer": pl.Int64,
+    "nelems": pl.Int64,
+    "coll_dtype": pl.String,
+    "group": pl.String,
+    "rendezvous": pl.String,
+    "instruction": pl.Int64,
+    "scope": pl.String,
+    "layer": pl.Int64,
+    "extra_scope": pl.String,
+}
+"""One row per GPU activity of a stage's iteration, in stream order (internal to this module)."""
+
+MisalignedFn = Callable[[pl.DataFrame], np.ndarray]
+"""Flags kernel-table rows whose CPU operator is not the one that launched the kernel: gets a frame
+with ``cpu_op_name, input_dims, input_types, kernel_name, dur_ns`` and returns one bool per row."""
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the reconstruction needs from the log."""
+
+    pp: int
+    tp: int
+    dp: int
+    micro_batches: int
+    iterations_traced: int
+    layers_per_stage: list[int]
+    precision: str
+
+    @classmethod
+    def from_log(cls, log: NeoxLog) -> RunShape:
+        """Raises TraceFormatError when the log lacks a value the schedule needs."""
+        needed = {
+            "pipe_parallel_size": log.pipe_parallel_size,
+            "model_parallel_size": log.model_parallel_size,
+            "data_parallel_size": log.data_parallel_size,
+            "gradient_accumulation_steps": log.gradient_accumulation_steps,
+        }
+        missing = [k for k, v in needed.items() if v is None]
+        if missing:
+            raise TraceFormatError(f"{log.source}: the log states no {', '.join(missing)}; cannot rebuild the schedule")
+        pp = int(log.pipe_parallel_size or 0)
+        if pp < 2:
+            raise TraceFormatError(f"{log.source}: pipe_parallel_size {pp}: a decoded run is a pipeline of >= 2 stages")
+        layers = log.transformer_layers_per_stage
+        if len(layers) != pp:
+            raise TraceFormatError(
+                f"{log.source}: the log lists {len(layers)} pipeline stages for pipe_parallel_size {pp} "
+                "(the 'stage=N layers=M' partition listing is missing or cut)"
+            )
+        profiled = log.profiled_iterations
+        return cls(
+            pp=pp,
+            tp=int(log.model_parallel_size or 1),
+            dp=int(log.data_parallel_size or 1),
+            micro_batches=int(log.gradient_accumulation_steps or 1),
+            iterations_traced=len(profiled) if profiled else 1,
+            layers_per_stage=layers,
+            precision=log.precision or "fp16",
+        )
+
+    def rank_of(self, stage: int) -> int:
+        """The stage's representative global rank (DeepSpeed orders ranks pipe, data, model)."""
+        return stage * self.dp * self.tp
+
+    def group(self, stage: int, kind: str) -> list[int]:
+        """Global ranks of the representative rank's process group of ``kind`` (tp, dp, pp, mp)."""
+        r = self.rank_of(stage)
+        if kind == "tp":
+            return list(range(r, r + self.tp))
+        if kind == "dp":
+            return [r + i * self.tp for i in range(self.dp)]
+        if kind == "pp":
+            return [s * self.dp * self.tp for s in range(self.pp)]
+        return sorted(s * self.dp * self.tp + j for s in range(self.pp) for j in range(self.tp))  # mp: model x pipe
+
+
+@dataclass
+class Reconstruction:
+    """The rebuilt ranks and what the rebuild noticed."""
+
+    ranks: list[ParsedRank]
+    stage_span_ns: list[int]
+    misaligned_rows: dict[str, int] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def _position(stage: int, stages: int) -> str:
+    return "head" if stage == 0 else "tail" if stage == stages - 1 else "middle"
+
+
+def _elements(dims: str | None) -> int | None:
+    if not dims:
+        return None
+    try:
+        parsed = json.loads(dims)
+    except ValueError:
+        return None
+    first = parsed[0] if parsed and isinstance(parsed[0], list) else None
+    return prod(first) if first else None
+
+
+def _kernel_rows(table: pl.DataFrame, n_occurrences: float, shape: RunShape) -> pl.DataFrame:
+    """A kernel table as rows in stream order, with true gaps, activity kind and collective attributes."""
+    _, nccl_default = _PRECISION_TYPES.get(shape.precision, _PRECISION_TYPES["fp16"])
+    coll = table["kernel"].str.extract(_COLLECTIVE.pattern, 1).str.to_lowercase()
+    kernel_type = table["kernel"].str.extract(_KERNEL_DTYPE.pattern, 1)
+    return table.select(
+        "kernel",
+        pl.when(pl.col("kernel").str.starts_with("Memcpy"))
+        .then(pl.lit("memcpy"))
+        .when(pl.col("kernel").str.starts_with("Memset"))
+        .then(pl.lit("memset"))
+        .otherwise(pl.lit("kernel"))
+        .alias("kind"),
+        (pl.col("dur_us") * 1000).round().cast(pl.Int64).clip(lower_bound=0).alias("dur_ns"),
+        (pl.col("overhead_us").clip(lower_bound=0) * 3000 / n_occurrences).round().cast(pl.Int64).alias("gap_ns"),
+        "outer_op",
+        "outer_id",
+        "outer_dims",
+        "inner_op",
+        "inner_id",
+        "inner_dims",
+        pl.Series("coll", coll),
+        pl.col("inner_dims").map_elements(_elements, return_dtype=pl.Int64).alias("nelems"),
+        pl.Series("coll_dtype", kernel_type)
+        .replace_strict(_NCCL_DTYPES, default=nccl_default, return_dtype=pl.String)
+        .alias("coll_dtype"),
+    ).with_columns(pl.when(pl.col("coll").is_null()).then(None).otherwise(pl.col("coll_dtype")).alias("coll_dtype"))
+
+
+def layer_windows(kernels: list[str], layer: list[str], threshold: float = 0.9) -> list[int]:
+    """Start rows of the consecutive layer blocks in a stage table: windows whose kernel names match
+    the encoder table's sequence at ``threshold`` of its positions, taken left to right."""
+    e, n = len(layer), len(kernels)
+    if e == 0 or n < e:
+        return []
+    names = {k: i for i, k in enumerate(dict.fromkeys([*layer, *kernels]))}
+    seq = np.array([names[k] for k in kernels])
+    pat = np.array([names[k] for k in layer])
+    score = (np.lib.stride_tricks.sliding_window_view(seq, e) == pat).sum(axis=1)
+    starts, i = [], 0
+    while i <= n - e:
+        if score[i] >= threshold * e:
+            starts.append(i)
+            i += e
+        else:
+            i += 1
+    return starts
+
+
+def _with_layers(rows: pl.DataFrame, starts: list[int], width: int, target: int) -> tuple[pl.DataFrame, list[int]]:
+    """``rows`` with layer blocks repeated or removed at the end so that it holds ``target`` layers."""
+    have = len(starts)
+    if not starts or have == target:
+        return rows, starts
+    last = starts[-1]
+    if target < have:
+        cut = starts[target]
+        keep = pl.concat([rows[:cut], rows[last + width :]])
+        return keep, starts[:target]
+    extra = target - have
+    block = rows[last : last + width]
+    out = pl.concat([rows[: last + width], *([block] * extra), rows[last + width :]])
+    return out, [*starts, *(last + width * (i + 1) for i in range(extra))]
+
+
+class _StagePlan:
+    """The rows of one stage's iteration, built instruction by instruction."""
+
+    def __init__(self) -> None:
+        self.parts: list[pl.DataFrame] = []
+
+    def add(self, rows: pl.DataFrame, instruction: int, scope: str, **cols: object) -> None:
+        if rows.height == 0:
+            return
+        extra = {k: pl.lit(v, dtype=ROW_SCHEMA[k]) for k, v in cols.items() if k not in rows.columns}
+        full = rows.with_columns(
+            pl.lit(instruction, dtype=pl.Int64).alias("instruction"), pl.lit(scope).alias("scope"), **extra
+        )
+        missing = {k: pl.lit(None, dtype=t) for k, t in ROW_SCHEMA.items() if k not in full.columns}
+        self.parts.append(full.with_columns(**missing).select(list(ROW_SCHEMA)))
+
+    def frame(self) -> pl.DataFrame:
+        return pl.concat(self.parts) if self.parts else pl.DataFrame(schema=ROW_SCHEMA)
+
+
+def _stage_blocks(
+    run: DecodedRun, shape: RunShape, misaligned: MisalignedFn | None
+) -> tuple[dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], list[int]], dict[str, int]]:
+    """Per (position, table): rows with gaps, CPU ops cleared where misaligned; layer starts of fwd/bwd."""
+    avg = run.module_times.get("run_level_average", {})
+    blocks: dict[tuple[str, str], pl.DataFrame] = {}
+    layers: dict[tuple[str, str], list[int]] = {}
+    flagged: dict[str, int] = {}
+    per_iteration = {"fwd": shape.micro_batches, "bwd": shape.micro_batches, "reduce_grads": 1, "optimizer_step": 1}
+    positions = ("head", "middle", "tail") if shape.pp > 2 else ("head", "tail")
+    for pi, pos in enumerate(("head", "middle", "tail")):
+        if pos not in positions:
+            continue
+        for name, per in per_iteration.items():
+            table = run.tables[pos][name]
+            span = avg.get(_MODULE_SPAN[name])
+            n = occurrences(table, span[pi] if span else None, per * shape.iterations_traced)
+            rows = _kernel_rows(table, n, shape)
+            if misaligned is not None:
+                mask = _misaligned_mask(rows, shape, misaligned)
+                if mask.any():
+                    flagged[f"{pos}/{name}"] = int(mask.sum())
+                    rows = _clear_cpu_ops(rows, mask)
+            blocks[(pos, name)] = rows
+            if name in ("fwd", "bwd"):
+                layer = run.tables[pos][f"encoder_{name}"]["kernel"].to_list()
+                layers[(pos, name)] = layer_windows(rows["kernel"].to_list(), layer)
+        send = run.best_batch.get(pos, {}).get("pp_p2p")
+        if send is not None:
+            span = avg.get("pp_p2p")
+            n = occurrences(send, span[pi] if span else None, shape.micro_batches)
+            blocks[(pos, "pp_p2p")] = _kernel_rows(send, n, shape)
+    return blocks, layers, flagged
+
+
+def _misaligned_mask(rows: pl.DataFrame, shape: RunShape, misaligned: MisalignedFn) -> np.ndarray:
+    aten_type, _ = _PRECISION_TYPES.get(shape.precision, _PRECISION_TYPES["fp16"])
+    frame = rows.select(
+        pl.col("inner_op").alias("cpu_op_name"),
+        pl.col("inner_dims").alias("input_dims"),
+        pl.col("inner_dims")
+        .map_elements(lambda d: _types_for(d, aten_type), return_dtype=pl.String)
+        .alias("input_types"),
+        pl.col("kernel").alias("kernel_name"),
+        "dur_ns",
+    )
+    return np.asarray(misaligned(frame), dtype=bool)
+
+
+def _clear_cpu_ops(rows: pl.DataFrame, mask: np.ndarray) -> pl.DataFrame:
+    """Rows whose CPU operator launched another kernel lose it: the kernel keeps its time, no shape."""
+    bad = pl.Series(mask)
+    return rows.with_columns(
+        *(
+            pl.when(bad).then(None).otherwise(pl.col(c)).alias(c)
+            for c in ("outer_op", "outer_dims", "inner_op", "inner_dims")
+        )
+    )
+
+
+def _types_for(dims: str | None, aten_type: str) -> str | None:
+    """Input types of an operator whose tables lost them: the run's precision for every tensor."""
+    if not dims:
+        return None
+    try:
+        parsed = json.loads(dims)
+    except ValueError:
+        return None
+    return json.dumps([aten_type if isinstance(d, list) and d else "Scalar" for d in parsed])
+
+
+def _blocks_for_stage(
+    stage: int,
+    shape: RunShape,
+    blocks: dict[tuple[str, str], pl.DataFrame],
+    layers: dict[tuple[str, str], list[int]],
+    notes: list[str],
+) -> tuple[pl.DataFrame, pl.DataFrame, list[int], list[int], int, int]:
+    """The forward and backward rows of ``stage`` (layer count adjusted) and their layer starts."""
+    pos = _position(stage, shape.pp)
+    traced_stage = {"head": 0, "middle": 1, "tail": shape.pp - 1}[pos]
+    want = shape.layers_per_stage[stage]
+    out = []
+    for name in ("fwd", "bwd"):
+        rows, starts = blocks[(pos, name)], layers[(pos, name)]
+        widths = np.diff([*starts, starts[-1] + (starts[1] - starts[0] if len(starts) > 1 else 0)]) if starts else []
+        width = int(widths[0]) if len(widths) else 0
+        if want != shape.layers_per_stage[traced_stage] and width:
+            rows, starts = _with_layers(rows, starts, width, want)
+            notes.append(
+                f"stage {stage}: {want} transformer layers, the traced {pos} stage has "
+                f"{shape.layers_per_stage[traced_stage]}: {name} layer blocks adjusted"
+            )
+        if len(starts) != want:
+            notes.append(
+                f"stage {stage} {name}: {len(starts)} of {want} layer blocks recognised; encoder spans cover those"
+            )
+        out.append((rows, starts, width))
+    (f, fs, fw), (b, bs, bw) = out
+    return f, b, fs, bs, fw, bw
+
+
+def _layer_column(height: int, starts: list[int], width: int) -> pl.Series:
+    layer = np.full(height, -1, dtype=np.int64)
+    for i, s in enumerate(starts):
+        layer[s : s + width] = i
+    return pl.Series("layer", layer).replace(-1, None)
+
+
+def _plan_stage(
+    stage: int,
+    shape: RunShape,
+    blocks: dict[tuple[str, str], pl.DataFrame],
+    layers: dict[tuple[str, str], list[int]],
+    notes: list[str],
+) -> pl.DataFrame:
+    """All GPU rows of ``stage``'s iteration in stream order, with rendezvous keys and scopes."""
+    pos = _position(stage, shape.pp)
+    fwd, bwd, fstarts, bstarts, fwidth, bwidth = _blocks_for_stage(stage, shape, blocks, layers, notes)
+    fwd = fwd.with_columns(_layer_column(fwd.height, fstarts, fwidth), pl.lit("tp").alias("group"))
+    fwd = fwd.with_columns(
+        pl.when((pl.col("coll") == "allreduce") & (pl.col("outer_op") != SCOPE["tp_reduce"]))
+        .then(pl.lit(SCOPE["tp_reduce"]))
+        .alias("extra_scope")
+    )
+    bwd = bwd.with_columns(_layer_column(bwd.height, bstarts, bwidth), pl.lit("tp").alias("group"))
+    sends = {s: blocks.get((_position(s, shape.pp), "pp_p2p")) for s in range(shape.pp - 1)}
+    for s, table in sends.items():
+        if table is None:
+            raise TraceFormatError(
+                f"no best_batch_statistics pp_p2p table for the {_position(s, shape.pp)} stage: "
+                "the activation sends of the pipeline cannot be rebuilt"
+            )
+    reduce_rows = blocks[(pos, "reduce_grads")].with_columns(pl.lit("dp").alias("group"))
+    opt = _optimizer_rows(blocks[(pos, "optimizer_step")])
+    plan = _StagePlan()
+    for i, ins in enumerate(stage_instructions(stage, shape.pp, shape.micro_batches)):
+        mb = ins.micro_batch
+        if ins.kind == "forward":
+            plan.add(fwd, i, "forward", extra_scope=None)
+        elif ins.kind == "backward":
+            plan.add(bwd, i, "backward")
+        elif ins.kind == "send_activation":
+            plan.add(_p2p(sends[stage], f"act|{stage}|{mb}", "send"), i, "send_activation")
+        elif ins.kind == "recv_activation":
+            plan.add(_p2p(_recv_of(sends[stage - 1]), f"act|{stage - 1}|{mb}", "recv"), i, "recv_activation")
+        elif ins.kind == "send_grad":
+            plan.add(_p2p(_grad_of(sends[stage - 1]), f"grad|{stage}|{mb}", "send"), i, "send_grad")
+        elif ins.kind == "recv_grad":
+            plan.add(_p2p(_grad_of(sends[stage]), f"grad|{stage + 1}|{mb}", "recv"), i, "recv_grad")
+        elif ins.kind == "reduce_grads":
+            plan.add(reduce_rows, i, "reduce_grads")
+        elif ins.kind == "optimizer_step":
+            plan.add(opt, i, "optimizer_step")
+    return plan.frame()
+
+
+def _p2p(rows: pl.DataFrame, key: str, direction: str) -> pl.DataFrame:
+    """Send or receive rows; every point-to-point kernel gets the rendezvous key of its pair."""
+    p2p = pl.col("coll") == "sendrecv"
+    numbered = pl.when(p2p).then(
+        pl.concat_str([pl.lit(key), pl.col("coll").cum_count().over("coll").cast(pl.String)], separator="|")
+    )
+    return rows.with_columns(
+        numbered.alias("rendezvous"),
+        pl.when(p2p).then(pl.lit(direction)).otherwise(pl.col("coll")).alias("coll"),
+        pl.lit("pp").alias("group"),
+    )
+
+
+def _recv_of(send: pl.DataFrame) -> pl.DataFrame:
+    """The receives matching a send table: its point-to-point kernels, received into a buffer."""
+    return (
+        send.filter(pl.col("coll") == "sendrecv")
+        .with_columns(
+            pl.lit("recv").alias("_dir"),
+            pl.lit("nccl:recv").alias("inner_op"),
+            pl.lit(None, pl.String).alias("outer_op"),
+        )
+        .drop("_dir")
+    )
+
+
+def _grad_of(send: pl.DataFrame) -> pl.DataFrame:
+    """A gradient send/receive: the largest activation tensor of the send table, back the other way."""
+    p2p = send.filter(pl.col("coll") == "sendrecv")
+    return (
+        p2p.sort("nelems", descending=True, nulls_last=True)
+        .head(1)
+        .with_columns(pl.lit(None, pl.String).alias("outer_op"))
+    )
+
+
+def _optimizer_rows(rows: pl.DataFrame) -> pl.DataFrame:
+    """Optimizer-step rows: all-gathers in the ZeRO partition all-gather scope, and the one-element
+    all-reduces paired data-parallel first, model-parallel (all stages) second."""
+    small = (pl.col("coll") == "allreduce") & (pl.col("nelems") <= SMALL_ALLREDUCE_ELEMENTS)
+    rank_in_small = pl.when(small).then(pl.col("coll").cum_count().over(small)).otherwise(None)
+    return (
+        rows.with_columns(rank_in_small.alias("_k"))
+        .with_columns(
+            pl.when(small & (pl.col("_k") % 2 == 0))
+            .then(pl.lit("mp"))
+            .when(pl.col("coll").is_not_null())
+            .then(pl.lit("dp"))
+            .alias("group"),
+            pl.when(small & (pl.col("_k") % 2 == 0))
+            .then(pl.concat_str([pl.lit("mp|"), (pl.col("_k") // 2).cast(pl.String)]))
+            .alias("rendezvous"),
+            pl.when(pl.col("coll") == "allgather").then(pl.lit(SCOPE["all_gather"])).alias("extra_scope"),
+        )
+        .drop("_k")
+    )
+
+
+def layout(plans: list[pl.DataFrame]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """GPU start and end (ns from the iteration start) of every row of every stage.
+
+    Each stage runs its rows in order, each after its gap; a row with a rendezvous key waits for every
+    stage that holds the key, starts (on each member) when that member arrives, and ends for all when
+    the last arrival plus the shortest member duration has passed.
+
+    Raises:
+        TraceFormatError: the stages wait for each other in a cycle (the tables do not form a schedule).
+    """
+    n = len(plans)
+    gap = [p["gap_ns"].to_numpy() for p in plans]
+    dur = [p["dur_ns"].to_numpy() for p in plans]
+    keys = [p["rendezvous"].to_list() for p in plans]
+    members: dict[str, list[tuple[int, int]]] = {}
+    for s, ks in enumerate(keys):
+        for i, k in enumerate(ks):
+            if k is not None:
+                members.setdefault(k, []).append((s, i))
+    start = [np.zeros(len(g), dtype=np.int64) for g in gap]
+    end = [np.zeros(len(g), dtype=np.int64) for g in gap]
+    clock = [0] * n
+    at = [0] * n
+    arrived: dict[str, dict[int, int]] = {}
+    while True:
+        moved = False
+        for s in range(n):
+            ks, g, d = keys[s], gap[s], dur[s]
+            while at[s] < len(ks):
+                i, k = at[s], keys[s][at[s]]
+                if k is None or len(members[k]) == 1:
+                    start[s][i] = clock[s] + g[i]
+                    end[s][i] = start[s][i] + d[i]
+                    clock[s] = int(end[s][i])
+                    at[s] += 1
+                    moved = True
+                    continue
+                arrivals = arrived.setdefault(k, {})
+                arrivals.setdefault(s, clock[s] + int(g[i]))
+                if len(arrivals) < len(members[k]):
+                    break
+                finish = max(arrivals.values()) + min(int(dur[m][j]) for m, j in members[k])
+                for m, j in members[k]:
+                    start[m][j], end[m][j] = arrivals[m], finish
+                    clock[m], at[m] = finish, j + 1
+                moved = True
+        if all(at[s] == len(keys[s]) for s in range(n)):
+            return list(zip(start, end, strict=True))
+        if not moved:
+            stuck = sorted({keys[s][at[s]] for s in range(n) if at[s] < len(keys[s])})
+            raise TraceFormatError(f"the rebuilt pipeline stages wait for each other forever at {stuck[:4]}")
+
+
+_PY_FRAME = re.compile(r"\.py(\(\d+\))?: |^<built-in method ")
+"""Names of Python frames (``with_stack``), stored as ``python_function`` events."""
+
+_RUNTIME_CALL = {"kernel": "cudaLaunchKernel", "memcpy": "cudaMemcpyAsync", "memset": "cudaMemsetAsync"}
+_GPU_CATEGORY = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
+_KINETO_COLL = {"allreduce": "allreduce", "allgather": "_allgather_base", "reducescatter": "_reduce_scatter_base"}
+_OPEN_NS, _CLOSE_NS, _CALL_NS, _CALL_STEP_NS = 200, 200, 1_000, 1_200
+"""CPU program timing: every operator and call is short and the program runs ahead of the GPU."""
+_BASE_NS = 1_000_000_000
+"""The rebuilt iteration's CPU program starts at this time on every rank's (common) clock."""
+
+
+class _Events:
+    """Column lists of one rank's events, appended in program order."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list] = {c: [] for c in EVENTS.column_names}
+
+    def add(self, **values: object) -> int:
+        event_id = len(self.cols["event_id"])
+        values["event_id"] = event_id
+        for name, column in self.cols.items():
+            column.append(values.get(name))
+        return event_id
+
+    def set(self, event_id: int, **values: object) -> None:
+        for name, value in values.items():
+            self.cols[name][event_id] = value
+
+    def table(self) -> pa.Table:
+        return pa.Table.from_pydict(self.cols, schema=arrow_schema(EVENTS))
+
+
+def _chain(row: dict, aten_type: str) -> list[tuple[tuple, str, str, str | None, str | None]]:
+    """The CPU frames a row's launch is nested in, outermost first: (identity, name, kind, dims, types)."""
+    ins, layer = row["instruction"], row["layer"]
+    chain: list[tuple[tuple, str, str, str | None, str | None]] = [
+        (("train_batch",), SCOPE["train_batch"], "python_function", None, None),
+        (("ins", ins), SCOPE[row["scope"]], "python_function", None, None),
+    ]
+    if row["scope"] == "forward":
+        chain.append((("stage", ins), SCOPE["stage_forward"], "python_function", None, None))
+    if layer is not None:
+        forward = row["scope"] == "forward"
+        name = SCOPE["layer_forward"] if forward else SCOPE["layer_backward"]
+        chain.append((("layer", ins, layer), name, "python_function" if forward else "cpu_op", None, None))
+    outer, inner = row["outer_op"], row["inner_op"]
+    if outer is not None and outer != inner:
+        kind = "python_function" if _PY_FRAME.search(outer) else "cpu_op"
+        chain.append((("outer", ins, layer, row["outer_id"], outer), outer, kind, row["outer_dims"], None))
+    if row["extra_scope"] is not None and row["extra_scope"] != outer:
+        chain.append((("extra", ins, layer, row["_run"]), row["extra_scope"], "cpu_op", None, None))
+    if inner is not None:
+        types = _types_for(row["inner_dims"], aten_type)
+        chain.append((("inner", ins, layer, row["inner_id"], inner), inner, "cpu_op", row["inner_dims"], types))
+    return chain
+
+
+def _rank_events(plan: pl.DataFrame, start: np.ndarray, end: np.ndarray, stage: int, shape: RunShape) -> pa.Table:
+    """The events of one rebuilt rank: its CPU program (scopes, operators, launches) and GPU activity."""
+    aten_type, _ = _PRECISION_TYPES.get(shape.precision, _PRECISION_TYPES["fp16"])
+    rank = shape.rank_of(stage)
+    pid, tid, stream = 100_000 + rank, 1, 7
+    ev = _Events()
+    marker = ev.add(
+        kind="user_annotation", category="user_annotation", name="ProfilerStep#1", ts_ns=_BASE_NS, pid=pid, tid=tid
+    )
+    plan = plan.with_columns(
+        (
+            pl.col("extra_scope").ne_missing(pl.col("extra_scope").shift(1))
+            | pl.col("instruction").ne_missing(pl.col("instruction").shift(1))
+        )
+        .cum_sum()
+        .alias("_run")
+    )
+    cursor = _BASE_NS + _OPEN_NS
+    stack: list[tuple[tuple, int]] = []  # (identity, event id) of the open frames
+    next_external = 1
+    launches: list[tuple[int, int, int]] = []  # per row: runtime correlation, external id, runtime event
+    for row in plan.iter_rows(named=True):
+        chain = _chain(row, aten_type)
+        keep = 0
+        while keep < min(len(stack), len(chain)) and stack[keep][0] == chain[keep][0]:
+            keep += 1
+        for _, event_id in reversed(stack[keep:]):
+            ev.set(event_id, dur_ns=cursor - ev.cols["ts_ns"][event_id])
+            cursor += _CLOSE_NS
+        stack = stack[:keep]
+        for identity, name, kind, dims, types in chain[keep:]:
+            event_id = ev.add(
+                kind=kind, category=kind, name=name, ts_ns=cursor, pid=pid, tid=tid,
+                external_id=next_external, input_dims=dims, input_types=types,
+            )  # fmt: skip
+            next_external += 1
+            stack.append((identity, event_id))
+            cursor += _OPEN_NS
+        op_external = ev.cols["external_id"][stack[-1][1]] if row["inner_op"] is not None else None
+        driver = row["inner_op"] is None and row["kind"] == "kernel"
+        call = "cuLaunchKernel" if driver else _RUNTIME_CALL[row["kind"]]
+        correlation = len(launches) + 1
+        runtime = ev.add(
+            kind="cuda_driver" if driver else "cuda_runtime", category="cuda_driver" if driver else "cuda_runtime",
+            name=call, ts_ns=cursor, dur_ns=_CALL_NS, pid=pid, tid=tid, correlation=correlation, external_id=op_external,
+        )  # fmt: skip
+        launches.append((correlation, op_external or 0, runtime))
+        cursor += _CALL_STEP_NS
+    for _, event_id in reversed(stack):
+        ev.set(event_id, dur_ns=cursor - ev.cols["ts_ns"][event_id])
+        cursor += _CLOSE_NS
+    gpu_base = cursor + 10 * _CALL_STEP_NS
+    ev.set(marker, dur_ns=cursor - _BASE_NS)
+    groups = {kind: json.dumps(shape.group(stage, kind)) for kind in ("tp", "dp", "pp", "mp")}
+    for (correlation, external, _), row, s, e in zip(launches, plan.iter_rows(named=True), start, end, strict=True):
+        coll = row["coll"]
+        coll_args: dict[str, object] = {}
+        if coll is not None:
+            group = row["group"] or "tp"
+            size = len(shape.group(stage, group))
+            nelems = row["nelems"]
+            coll_args = {
+                "coll_name": _KINETO_COLL.get(coll, coll),
+                "in_msg_nelems": nelems,
+                "out_msg_nelems": nelems * size if coll == "allgather" and nelems is not None else nelems,
+                "group_size": 2 if coll in ("send", "recv") else size,
+                "coll_dtype": row["coll_dtype"],
+                "pg_name": group,
+                "pg_ranks": groups[group],
+                "dst_rank": row["peer"] if coll == "send" else None,
+                "src_rank": row["peer"] if coll == "recv" else None,
+            }
+        ev.add(
+            kind=row["kind"], category=_GPU_CATEGORY[row["kind"]], name=row["kernel"], ts_ns=gpu_base + int(s),
+            dur_ns=int(e - s), pid=0, tid=stream, device=0, stream=stream, correlation=correlation,
+            external_id=external or None, **coll_args,
+        )  # fmt: skip
+    return ev.table()
+
+
+def reconstruct(run: DecodedRun, log: NeoxLog, misaligned: MisalignedFn | None = None) -> Reconstruction:
+    """Rebuild one iteration of every pipeline stage of a decoded run as rank traces.
+
+    Raises:
+        TraceFormatError: the log lacks the layout, or the tables cannot form the schedule.
+    """
+    shape = RunShape.from_log(log)
+    blocks, layers, flagged = _stage_blocks(run, shape, misaligned)
+    notes: list[str] = []
+    plans = [_plan_stage(s, shape, blocks, layers, notes) for s in range(shape.pp)]
+    plans = [_with_peers(p, s, shape) for s, p in enumerate(plans)]
+    times = layout(plans)
+    ranks = [
+        ParsedRank(
+            rank=shape.rank_of(s),
+            rank_source="reconstruction",
+            events=_rank_events(plan, st, en, s, shape),
+            file=run.job_dir / ("0" if s == 0 else "2" if s == shape.pp - 1 else "1"),
+            file_bytes=0,
+            format="gpumodeling25",
+            world_size=shape.pp * shape.tp * shape.dp,
+            backend="nccl",
+            schema_era="decoded",
+        )
+        for s, (plan, (st, en)) in enumerate(zip(plans, times, strict=True))
+    ]
+    spans = [int(en.max() - st.min()) if st.size else 0 for st, en in times]
+    return Reconstruction(ranks, spans, flagged, notes)
+
+
+def _with_peers(plan: pl.DataFrame, stage: int, shape: RunShape) -> pl.DataFrame:
+    """The global rank of the peer of every send and receive (activations go down, gradients up)."""
+    scope = pl.col("scope")
+    peer_stage = (
+        pl.when(scope.is_in(["send_activation", "recv_grad"]))
+        .then(pl.lit(stage + 1))
+        .when(scope.is_in(["recv_activation", "send_grad"]))
+        .then(pl.lit(stage - 1))
+    )
+    return plan.with_columns(
+        pl.when(pl.col("coll").is_in(["send", "recv"])).then(peer_stage * shape.dp * shape.tp).alias("peer")
+    )
+
+
+@dataclass(frozen=True)
+class RebuiltRun:
+    """A decoded run ready for the loader: its rank traces, the layout the log states and the run's
+    metadata (the log, the measured module times, the published comparison, what the rebuild noticed)."""
+
+    ranks: list[ParsedRank]
+    layout: ParallelLayout
+    metadata: dict[str, Any]
+    notes: list[str]
+
+
+def rebuild_run(
+    job_dir: Path, name_layout: ParallelLayout | None = None, misaligned: MisalignedFn | None = None
+) -> RebuiltRun:
+    """Read a decoded run's job folder and rebuild its iteration (``reconstruct``).
+
+    ``name_layout``: what the folder name says, used only for values the log does not state.
+
+    Raises:
+        InputNotFoundError, TraceFormatError: a table or the log is missing or malformed.
+    """
+    run = read_decoded_run(job_dir)
+    log = parse_neox_log(run.log_path)
+    rebuilt = reconstruct(run, log, misaligned)
+    layout = ParallelLayout(
+        pp=log.pipe_parallel_size,
+        tp=log.model_parallel_size,
+        dp=log.data_parallel_size,
+        nodes=log.nodes,
+        gpus_per_node=log.gpus_per_node,
+        source="log",
+    )
+    if name_layout is not None:
+        layout = layout.merged(name_layout)
+    notes = list(rebuilt.notes)
+    if rebuilt.misaligned_rows:
+        total = sum(rebuilt.misaligned_rows.values())
+        notes.append(
+            f"{total} kernel-table rows pair a CPU operator with another op's kernel "
+            f"({', '.join(f'{k}: {v}' for k, v in sorted(rebuilt.misaligned_rows.items()))}); "
+            "their kernels keep their time without a shape (no model, left out of validation)"
+        )
+    times = run.module_times
+    metadata: dict[str, Any] = {
+        NEOX_LOG_KEY: log.to_json(),
+        MODULE_TIMES_KEY: {k.removeprefix("run_level_"): v for k, v in times.items() if k.startswith("run_level_")},
+        "best_batch_module_times": {
+            k.removeprefix("best_batch_"): v for k, v in times.items() if k.startswith("best_batch_")
+        },
+        "published_compares": run.compares,
+        "reconstruction": {
+            "stage_span_ns": rebuilt.stage_span_ns,
+            "misaligned_rows": rebuilt.misaligned_rows,
+            "notes": notes,
+            "module_scopes": MODULE_SCOPES,
+        },
+    }
+    return RebuiltRun(rebuilt.ranks, layout, metadata, notes)
