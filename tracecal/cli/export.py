@@ -1,0 +1,88 @@
+"""`tracecal export RUN`: a Chrome / Perfetto trace of a run, measured, replayed, or both side by side."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tracecal.cli.common import DbOption, stdout, user_errors, warn
+from tracecal.config import Settings, model_store_dir
+from tracecal.errors import RunNotFoundError
+
+
+def export(
+    run: Annotated[str, typer.Argument(help="Run id (see `tracecal runs`).")],
+    output: Annotated[
+        Path,
+        typer.Option(
+            "--output", "-o", help="FILE.json or FILE.json.gz (every rank), or a directory with --split-ranks."
+        ),
+    ],
+    what: Annotated[
+        str,
+        typer.Option(
+            "--what",
+            help="measured (the stored events), predicted (the replay with calibrated models), or both "
+            "(the replay as a second process per rank).",
+        ),
+    ] = "measured",
+    iteration: Annotated[
+        int | None,
+        typer.Option("--iteration", help="Only this iteration (default: measured the whole run, else the best)."),
+    ] = None,
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", help="Cluster whose models predict (default: the run's cluster).")
+    ] = None,
+    split_ranks: Annotated[
+        bool,
+        typer.Option(
+            "--split-ranks",
+            help="Write one Kineto trace per rank and run.json into OUTPUT: trace-ingest reads it back.",
+        ),
+    ] = False,
+    db: DbOption = None,
+) -> None:
+    """Write RUN as a trace that ui.perfetto.dev and chrome://tracing open: one process per rank, a thread
+    per CPU thread and GPU stream, collectives linked across ranks by flow arrows, and the family, phase,
+    component and measured / predicted durations of every operator in its args. The measured timeline
+    is a Kineto trace: `trace-ingest` of a --split-ranks export gives back the same operators,
+    collectives and iterations."""
+    from tracecal.predict.export_store import WHAT, export_run
+    from tracecal.sql.connection import open_database
+
+    with user_errors():
+        settings = Settings.resolve(db)
+        if not settings.db_path.exists():
+            raise RunNotFoundError(f"no database at {settings.db_path}; ingest a run first with trace-ingest RUN_DIR")
+        with open_database(settings.db_path, read_only=True, cache_dir=settings.cache_dir) as con:
+            model = None
+            if what in WHAT and what != "measured":
+                model = _model(con, settings.db_path, run, cluster)
+            result = export_run(con, run, output, what=what, iteration=iteration, model=model, split_ranks=split_ranks)
+        if result.tracks.moved_spans:
+            warn(
+                f"{result.tracks.moved_spans} spans overlapped a span of their thread without nesting in it; "
+                f"they are on '(overlap k)' threads beside their own ({result.tracks.moved_tracks} threads)"
+            )
+        scope = "the whole run" if result.iteration is None else f"iteration {result.iteration}"
+        where = result.files[0] if len(result.files) == 1 else f"{len(result.files)} files in {output}"
+        stdout.print(f"wrote {what} {scope} of {run}: {result.ranks} ranks, {result.spans} spans to {where}")
+
+
+def _model(con, db_path: Path, run: str, cluster: str | None):  # type: ignore[no-untyped-def]
+    """The calibrated models of ``cluster``, else of the run's own cluster."""
+    from tracecal.errors import CalibrationError
+    from tracecal.predict.models import load_duration_model
+
+    if cluster is None:
+        rows = con.execute("SELECT cluster FROM runs WHERE run_id = ?", [run]).fetchall()
+        if not rows:
+            return None  # export_run says the run is missing
+        cluster = rows[0][0]
+        if not cluster:
+            raise CalibrationError(
+                f"run {run} has no cluster: pass --cluster NAME (models from `calibrate --cluster NAME`)"
+            )
+    return load_duration_model(con, model_store_dir(db_path), cluster)  # its error says to run calibrate
