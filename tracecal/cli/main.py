@@ -10,6 +10,7 @@ import typer
 
 from tracecal.cli import calibrate as calibrate_cmd
 from tracecal.cli import demo as demo_cmd
+from tracecal.cli import diff as diff_cmd
 from tracecal.cli import export as export_cmd
 from tracecal.cli import ingest as ingest_cmd
 from tracecal.cli import iterations as iterations_cmd
@@ -37,6 +38,7 @@ app.command("validate")(predict_cmd.validate)
 app.command("demo")(demo_cmd.demo)
 app.command("calibrate")(calibrate_cmd.calibrate)
 app.command("export")(export_cmd.export)
+app.command("diff")(diff_cmd.diff)
 app.add_typer(workload_cmd.app, name="workload")
 app.add_typer(sample_cmd.app, name="sample")
 app.add_typer(samples_cmd.app, name="samples")
