@@ -21,7 +21,7 @@ ordinary Kineto-style events, so decode, storage and replay are those of every r
   when the last member arrives and lasts the shortest member's measured time, the others having waited.
 
 CPU operators are laid out as a compact program ahead of the GPU (never the bottleneck), nested in the
-DeepSpeed scopes that name the measured modules (``MODULE_SCOPES``). Everything is documented in
+DeepSpeed scopes that name the measured modules (``tracecal.decode.modules``). Everything is documented in
 ``docs/published-runs.md``.
 """
 
@@ -67,27 +67,6 @@ SCOPE = {
 """The DeepSpeed/GPT-NeoX frames the rebuilt CPU program nests its operators in (as a ``with_stack``
 trace names them, without line numbers)."""
 
-MODULE_SCOPES = {
-    "encoder_fwd": r"activation_checkpointing/checkpointing\.py(\(\d+\))?: forward$",
-    "encoder_bwd": r"^CheckpointFunctionBackward$",
-    "update": r"pipe/engine\.py(\(\d+\))?: train_batch$",
-    "pp_p2p": r"pipe/engine\.py(\(\d+\))?: _exec_send_activations$",
-    "mp_allreduce": r"^_ReduceFromModelParallelRegion$",
-    "dp_allreduce": r"pipe/engine\.py(\(\d+\))?: _exec_reduce_grads$",
-    "dp_allgather": r"runtime/utils\.py(\(\d+\))?: all_gather_all_partitions$",
-    "stage_fwd": r"pipe/module\.py(\(\d+\))?: forward$",
-    "stage_bwd": r"pipe/engine\.py(\(\d+\))?: _exec_backward_pass$",
-    "optimizer": r"pipe/engine\.py(\(\d+\))?: _exec_optimizer_step$",
-}
-"""The published measured modules and the DeepSpeed frame each is the GPU span of (names as in the
-published ``module_times`` files; line numbers optional so real traces of any version match)."""
-
-_INSTRUCTION_TABLE = {
-    "forward": "fwd",
-    "backward": "bwd",
-    "reduce_grads": "reduce_grads",
-    "optimizer_step": "optimizer_step",
-}
 _MODULE_SPAN = {"fwd": "stage_fwd", "bwd": "stage_bwd", "reduce_grads": "dp_allreduce", "optimizer_step": "optimizer"}
 """The run-level measured module whose mean span pins the gaps of each table (``occurrences``)."""
 
@@ -245,40 +224,37 @@ def _kernel_rows(table: pl.DataFrame, n_occurrences: float, shape: RunShape) -> 
     ).with_columns(pl.when(pl.col("coll").is_null()).then(None).otherwise(pl.col("coll_dtype")).alias("coll_dtype"))
 
 
-def layer_windows(kernels: list[str], layer: list[str], threshold: float = 0.9) -> list[int]:
-    """Start rows of the consecutive layer blocks in a stage table: windows whose kernel names match
-    the encoder table's sequence at ``threshold`` of its positions, taken left to right."""
-    e, n = len(layer), len(kernels)
-    if e == 0 or n < e:
+LAYER_FUNCTIONS = (r"CheckpointFunction$", r"CheckpointFunctionBackward$")
+"""The activation-checkpoint function (forward, backward) whose occurrences are the transformer layers."""
+
+
+def layer_blocks(rows: pl.DataFrame, name: str) -> list[tuple[int, int]]:
+    """Row ranges ``[start, stop)`` of the transformer layers of a stage table: every occurrence of the
+    activation-checkpoint function (the outermost CPU operator, one External id per layer) spans from
+    its first to its last row, kernels it launched through the driver included."""
+    pattern = LAYER_FUNCTIONS[0 if name == "fwd" else 1]
+    hit = rows.with_row_index("_row").filter(pl.col("outer_op").str.contains(pattern).fill_null(False))
+    if hit.height == 0:
         return []
-    names = {k: i for i, k in enumerate(dict.fromkeys([*layer, *kernels]))}
-    seq = np.array([names[k] for k in kernels])
-    pat = np.array([names[k] for k in layer])
-    score = (np.lib.stride_tricks.sliding_window_view(seq, e) == pat).sum(axis=1)
-    starts, i = [], 0
-    while i <= n - e:
-        if score[i] >= threshold * e:
-            starts.append(i)
-            i += e
-        else:
-            i += 1
-    return starts
+    spans = hit.group_by("outer_id", maintain_order=True).agg(pl.col("_row").min(), pl.col("_row").max().alias("_last"))
+    return [(int(a), int(b) + 1) for a, b in zip(spans["_row"], spans["_last"], strict=True)]
 
 
-def _with_layers(rows: pl.DataFrame, starts: list[int], width: int, target: int) -> tuple[pl.DataFrame, list[int]]:
-    """``rows`` with layer blocks repeated or removed at the end so that it holds ``target`` layers."""
-    have = len(starts)
-    if not starts or have == target:
-        return rows, starts
-    last = starts[-1]
+def _with_layers(
+    rows: pl.DataFrame, blocks: list[tuple[int, int]], target: int
+) -> tuple[pl.DataFrame, list[tuple[int, int]]]:
+    """``rows`` with the last layer block repeated, or trailing layer blocks removed, so that it holds
+    ``target`` layers."""
+    have = len(blocks)
+    if not blocks or have == target:
+        return rows, blocks
+    start, stop = blocks[-1]
     if target < have:
-        cut = starts[target]
-        keep = pl.concat([rows[:cut], rows[last + width :]])
-        return keep, starts[:target]
-    extra = target - have
-    block = rows[last : last + width]
-    out = pl.concat([rows[: last + width], *([block] * extra), rows[last + width :]])
-    return out, [*starts, *(last + width * (i + 1) for i in range(extra))]
+        cut = blocks[target][0]
+        return pl.concat([rows[:cut], rows[stop:]]), blocks[:target]
+    width, extra = stop - start, target - have
+    out = pl.concat([rows[:stop], *([rows[start:stop]] * extra), rows[stop:]])
+    return out, [*blocks, *((stop + width * i, stop + width * (i + 1)) for i in range(extra))]
 
 
 class _StagePlan:
@@ -303,11 +279,11 @@ class _StagePlan:
 
 def _stage_blocks(
     run: DecodedRun, shape: RunShape, misaligned: MisalignedFn | None
-) -> tuple[dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], list[int]], dict[str, int]]:
+) -> tuple[dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], list[tuple[int, int]]], dict[str, int]]:
     """Per (position, table): rows with gaps, CPU ops cleared where misaligned; layer starts of fwd/bwd."""
     avg = run.module_times.get("run_level_average", {})
     blocks: dict[tuple[str, str], pl.DataFrame] = {}
-    layers: dict[tuple[str, str], list[int]] = {}
+    layers: dict[tuple[str, str], list[tuple[int, int]]] = {}
     flagged: dict[str, int] = {}
     per_iteration = {"fwd": shape.micro_batches, "bwd": shape.micro_batches, "reduce_grads": 1, "optimizer_step": 1}
     positions = ("head", "middle", "tail") if shape.pp > 2 else ("head", "tail")
@@ -319,15 +295,15 @@ def _stage_blocks(
             span = avg.get(_MODULE_SPAN[name])
             n = occurrences(table, span[pi] if span else None, per * shape.iterations_traced)
             rows = _kernel_rows(table, n, shape)
+            if name in ("fwd", "bwd"):
+                layers[(pos, name)] = layer_blocks(rows, name)
             if misaligned is not None:
-                mask = _misaligned_mask(rows, shape, misaligned)
+                frame_rows = rows["inner_op"].str.contains("|".join(LAYER_FUNCTIONS)).fill_null(False).to_numpy()
+                mask = _misaligned_mask(rows, shape, misaligned) & ~frame_rows  # a frame launches any kernel
                 if mask.any():
                     flagged[f"{pos}/{name}"] = int(mask.sum())
                     rows = _clear_cpu_ops(rows, mask)
             blocks[(pos, name)] = rows
-            if name in ("fwd", "bwd"):
-                layer = run.tables[pos][f"encoder_{name}"]["kernel"].to_list()
-                layers[(pos, name)] = layer_windows(rows["kernel"].to_list(), layer)
         send = run.best_batch.get(pos, {}).get("pp_p2p")
         if send is not None:
             span = avg.get("pp_p2p")
@@ -372,61 +348,52 @@ def _types_for(dims: str | None, aten_type: str) -> str | None:
     return json.dumps([aten_type if isinstance(d, list) and d else "Scalar" for d in parsed])
 
 
-def _blocks_for_stage(
+def _stage_layers(
     stage: int,
     shape: RunShape,
     blocks: dict[tuple[str, str], pl.DataFrame],
-    layers: dict[tuple[str, str], list[int]],
+    layers: dict[tuple[str, str], list[tuple[int, int]]],
     notes: list[str],
-) -> tuple[pl.DataFrame, pl.DataFrame, list[int], list[int], int, int]:
-    """The forward and backward rows of ``stage`` (layer count adjusted) and their layer starts."""
+) -> dict[str, pl.DataFrame]:
+    """The forward and backward rows of ``stage`` with a ``layer`` column, the layer count adjusted
+    where the stage has another count than the traced rank it borrows its tables from."""
     pos = _position(stage, shape.pp)
     traced_stage = {"head": 0, "middle": 1, "tail": shape.pp - 1}[pos]
     want = shape.layers_per_stage[stage]
-    out = []
+    out = {}
     for name in ("fwd", "bwd"):
-        rows, starts = blocks[(pos, name)], layers[(pos, name)]
-        widths = np.diff([*starts, starts[-1] + (starts[1] - starts[0] if len(starts) > 1 else 0)]) if starts else []
-        width = int(widths[0]) if len(widths) else 0
-        if want != shape.layers_per_stage[traced_stage] and width:
-            rows, starts = _with_layers(rows, starts, width, want)
+        rows, spans = blocks[(pos, name)], layers[(pos, name)]
+        if want != shape.layers_per_stage[traced_stage] and spans:
+            rows, spans = _with_layers(rows, spans, want)
             notes.append(
                 f"stage {stage}: {want} transformer layers, the traced {pos} stage has "
                 f"{shape.layers_per_stage[traced_stage]}: {name} layer blocks adjusted"
             )
-        if len(starts) != want:
-            notes.append(
-                f"stage {stage} {name}: {len(starts)} of {want} layer blocks recognised; encoder spans cover those"
-            )
-        out.append((rows, starts, width))
-    (f, fs, fw), (b, bs, bw) = out
-    return f, b, fs, bs, fw, bw
-
-
-def _layer_column(height: int, starts: list[int], width: int) -> pl.Series:
-    layer = np.full(height, -1, dtype=np.int64)
-    for i, s in enumerate(starts):
-        layer[s : s + width] = i
-    return pl.Series("layer", layer).replace(-1, None)
+        if len(spans) != want:
+            notes.append(f"stage {stage} {name}: {len(spans)} of {want} transformer layers recognised")
+        layer = np.full(rows.height, -1, dtype=np.int64)
+        for i, (a, b) in enumerate(spans):
+            layer[a:b] = i
+        out[name] = rows.with_columns(pl.Series("layer", layer).replace(-1, None), pl.lit("tp").alias("group"))
+    return out
 
 
 def _plan_stage(
     stage: int,
     shape: RunShape,
     blocks: dict[tuple[str, str], pl.DataFrame],
-    layers: dict[tuple[str, str], list[int]],
+    layers: dict[tuple[str, str], list[tuple[int, int]]],
     notes: list[str],
 ) -> pl.DataFrame:
     """All GPU rows of ``stage``'s iteration in stream order, with rendezvous keys and scopes."""
     pos = _position(stage, shape.pp)
-    fwd, bwd, fstarts, bstarts, fwidth, bwidth = _blocks_for_stage(stage, shape, blocks, layers, notes)
-    fwd = fwd.with_columns(_layer_column(fwd.height, fstarts, fwidth), pl.lit("tp").alias("group"))
-    fwd = fwd.with_columns(
+    both = _stage_layers(stage, shape, blocks, layers, notes)
+    fwd = both["fwd"].with_columns(
         pl.when((pl.col("coll") == "allreduce") & (pl.col("outer_op") != SCOPE["tp_reduce"]))
         .then(pl.lit(SCOPE["tp_reduce"]))
         .alias("extra_scope")
     )
-    bwd = bwd.with_columns(_layer_column(bwd.height, bstarts, bwidth), pl.lit("tp").alias("group"))
+    bwd = both["bwd"]
     sends = {s: blocks.get((_position(s, shape.pp), "pp_p2p")) for s in range(shape.pp - 1)}
     for s, table in sends.items():
         if table is None:
@@ -616,6 +583,9 @@ def _chain(row: dict, aten_type: str) -> list[tuple[tuple, str, str, str | None,
         name = SCOPE["layer_forward"] if forward else SCOPE["layer_backward"]
         chain.append((("layer", ins, layer), name, "python_function" if forward else "cpu_op", None, None))
     outer, inner = row["outer_op"], row["inner_op"]
+    if layer is not None:  # the table's own record of the layer frame is the frame opened above
+        outer = None if outer is not None and outer.endswith(chain[-1][1]) else outer
+        inner = None if inner is not None and inner.endswith(chain[-1][1]) else inner
     if outer is not None and outer != inner:
         kind = "python_function" if _PY_FRAME.search(outer) else "cpu_op"
         chain.append((("outer", ins, layer, row["outer_id"], outer), outer, kind, row["outer_dims"], None))
@@ -805,7 +775,6 @@ def rebuild_run(
             "stage_span_ns": rebuilt.stage_span_ns,
             "misaligned_rows": rebuilt.misaligned_rows,
             "notes": notes,
-            "module_scopes": MODULE_SCOPES,
         },
     }
     return RebuiltRun(rebuilt.ranks, layout, metadata, notes)

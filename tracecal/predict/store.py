@@ -154,6 +154,13 @@ def write_results(
             con.unregister(name)
 
 
+def module_members(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int) -> pl.DataFrame:
+    """The GPU activities of an iteration launched inside module frames (``module_scope_members``)."""
+    from tracecal.decode.modules import ANY_MODULE
+
+    return _query(con, "module_scope_members", [run_id, iteration, ANY_MODULE])
+
+
 def predict_stored_run(
     con: duckdb.DuckDBPyConnection,
     run_id: str,
