@@ -219,8 +219,10 @@ def feature_frame(frame: pl.DataFrame, family: str, *, sm_count: int = DEFAULT_S
     columns: dict[str, np.ndarray] = {name: _col(frame, name) for name in raw}
     if family == "gemm":
         # a GEMM without a batch count is one GEMM (mm/addmm vs bmm): batch 1 by definition, so
-        # samples and traced operators agree whichever way their decoder spelled it
-        columns["batch"] = np.where(np.isnan(columns["batch"]), 1.0, columns["batch"])
+        # samples and traced operators agree whichever way their decoder spelled it; a GEMM whose
+        # M, N, K did not parse keeps batch NaN, or that one feature would route it to a model
+        parsed = ~(np.isnan(columns["m"]) | np.isnan(columns["n"]) | np.isnan(columns["k"]))
+        columns["batch"] = np.where(np.isnan(columns["batch"]) & parsed, 1.0, columns["batch"])
     if family == COMM_FAMILY:
         columns.update(_comm(frame))
     elif family == "gemm":

@@ -12,10 +12,20 @@ The stable interface the replay uses (``tracecal.predict``)::
 Routing, per row: the candidates are the models of the row's family and direction (``direction_of``:
 backward operators → bwd, others → fwd, GEMMs always fwd; collectives: the same collective and
 topology ``nodes × gpus_per_node``).
-A candidate whose source op is the row's operator name wins; otherwise the candidate whose training
-samples lie nearest to the row's shape (log scale, per-feature standardised) serves it — e.g. a
-traced ``aten::mm`` of shape 8192×6144×1536 goes to the published GEMM sweep that sampled the nearest
-shapes. Rows without a candidate get NaN, which the replay counts as uncovered.
+
+Then the operator's kind decides (``op_kind``: the computation an op name or a sweep name stands
+for, e.g. ``aten::native_layer_norm`` and the ``layernorm`` sweep are both ``layer_norm``, while
+``RMSlayernorm`` and an ``RMSNorm`` module are ``rms_norm``): a named operator is served only by the
+models of its own kind, and among several (the GEMM sweeps ``linear1`` ... ``linear_final`` are all
+``matmul``) by the one whose training samples lie nearest to the row's shape (log scale, per-feature
+standardised). Outside a sweep's grid that model extrapolates (its physical baseline carries the
+scale), e.g. a backward ``aten::bmm`` with M = head dim stays on the ``bmm`` sweep, sampled with
+M = sequence length. A named operator with no model of its kind never borrows another kind's sweep:
+it takes the family's pooled model when there is one, else ``unsampled`` decides (``uncovered``:
+NaN; ``baseline``: the family's bandwidth baseline, ``UNSAMPLED_FAMILIES`` only). Rows without a
+name, and slots whose models have no kind, go to the nearest model. A candidate whose source op is
+the row's operator name always wins. Rows without a candidate get NaN, which the replay counts as
+uncovered.
 """
 
 from __future__ import annotations
@@ -27,7 +37,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracecal.calibrate.features import COMM_FAMILY, COMM_NUMERIC, SHAPE_NUMERIC, feature_frame
+from tracecal.calibrate.estimators import PhysicalBaseline
+from tracecal.calibrate.features import COMM_FAMILY, COMM_NUMERIC, DTYPE_BYTES, SHAPE_NUMERIC, feature_frame
 from tracecal.calibrate.fitting import ALL_OPS
 from tracecal.calibrate.store import StoredModel
 
@@ -38,6 +49,60 @@ AUTOGRAD_NODE = re.compile(r"Backward\d*$")
 """Autograd graph nodes (``ViewBackward0``, ``AddBackward0``): as leaf operators they did no sampled
 tensor work of their own, so no model covers them."""
 
+FUNCTION_BACKWARD = re.compile(r"[^\d_]Backward$")
+"""The backward node of a custom ``torch.autograd.Function`` (``<Class>Backward``, no number, unlike
+the generated ``<Op>Backward0`` nodes of aten ops): its backward kernels run inside the node itself
+(``ScaledUpperTriangMaskedSoftmaxBackward``, ``FlashAttnFuncBackward``), so it is the backward call of
+its forward op."""
+
+_OP_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (kind, re.compile(pattern))
+    for kind, pattern in (
+        ("rms_norm", r"rms_?(layer_?)?norm"),
+        ("layer_norm", r"layer_?norm"),
+        ("flash_attention", r"flash_?att"),
+        ("masked_softmax", r"masked_?softmax"),
+        ("softmax", r"softmax"),
+        ("baddbmm", r"^baddbmm$"),
+        ("bmm", r"^bmm$"),
+        ("matmul", r"^(mm|addmm|_addmm_activation|matmul|linear\w*)$"),
+        ("gelu", r"gelu"),
+        ("rotary", r"rope|rotary"),
+        ("add", r"^(res_)?add$"),
+        ("embedding", r"embedding"),
+        ("cross_entropy", r"cross_?entropy"),
+    )
+)
+"""Ordered (first match wins) patterns over the lower-cased base name: RMS before layer norm, the
+masked softmaxes before plain softmax. Composite sweeps (``fillmask``: baddbmm, masked_fill and
+softmax in one sample) have no kind: no single traced operator does their work."""
+
+COMPOSITE_KINDS = ("rotary", "rms_norm")
+"""Kinds whose published sweeps time a module of several kernels (a rotary embedding; an unfused
+RMSNorm of norm, mul, div and add), so their time is not one kernel's traffic: left out of the
+bandwidth baseline of unsampled operators."""
+
+UNSAMPLED_FAMILIES = ("elementwise", "norm", "softmax")
+"""Memory-bound families whose unsampled operators ``unsampled = "baseline"`` predicts from bytes
+moved: there a kernel's time is its traffic over the memory bandwidth plus a launch floor."""
+
+
+def op_kind(name: str | None) -> str | None:
+    """The computation an operator or sweep name stands for (``layer_norm``, ``rms_norm``, ``bmm``,
+    ``matmul``, ``add``, ...), the same for forward and backward; None when it is none of
+    ``_OP_KINDS``.
+
+    The namespace (``aten::``), an in-place ``_`` and a ``_backward``/``Backward`` suffix are
+    dropped first: ``aten::native_layer_norm_backward`` and the ``layernorm`` sweep are
+    ``layer_norm``, ``aten::add_`` and ``res_add`` are ``add``, ``FlashAttnFuncBackward`` and
+    ``flash_atten`` are ``flash_attention``.
+    """
+    if not name:
+        return None
+    base = name.rsplit("::", 1)[-1].strip().lower()
+    base = re.sub(r"(_backward(_data)?|backward\d*)$", "", base).rstrip("_")
+    return next((kind for kind, pattern in _OP_KINDS if pattern.search(base)), None)
+
 
 def direction_of(phase: str | None, family: str | None = None, name: str | None = None) -> str | None:
     """The sample direction a traced operator is predicted with, or None when no model applies.
@@ -47,15 +112,54 @@ def direction_of(phase: str | None, family: str | None = None, name: str | None 
     the forward shape; an ``aten::add_`` accumulating gradients in the backward pass is a forward
     add. So: a name containing ``backward`` → bwd, an autograd node → None, any other name → fwd,
     and without a name the phase decides. GEMMs are always fwd: every GEMM traced in a backward
-    pass is one GEMM of its own recorded shape, while a ``bwd`` GEMM sample times two.
+    pass is one GEMM of its own recorded shape, while a ``bwd`` GEMM sample times two. A custom
+    autograd Function's backward node (``FUNCTION_BACKWARD``) whose kind has models is bwd.
     """
     if family == "gemm":
         return "fwd"
     if name:
         if AUTOGRAD_NODE.search(name):
-            return None
+            return "bwd" if FUNCTION_BACKWARD.search(name) and op_kind(name) else None
         return "bwd" if "backward" in name.lower() else "fwd"
     return "bwd" if phase == "bwd" else "fwd"
+
+
+UNSAMPLED_DEFAULT = "baseline"
+"""What ``CalibratedModels`` does with a named operator that has no model of its kind."""
+
+UNSAMPLED = -2
+"""``_route``'s choice for a named operator without a model of its kind."""
+
+
+def _names(frame: pl.DataFrame) -> list[str | None]:
+    """Each row's operator name: the CPU operator, else the sample's op, else ``name``."""
+    names: list[str | None] = [None] * frame.height
+    for column in ("name", "op", "cpu_op_name"):  # later columns win
+        if column in frame.columns:
+            values = frame.get_column(column).cast(pl.Utf8).to_list()
+            names = [v if v is not None else n for v, n in zip(values, names, strict=True)]
+    return names
+
+
+def _as_forward_call(frame: pl.DataFrame, family: str) -> pl.DataFrame:
+    """Backward operators described like the forward call a ``bwd`` sample is keyed by.
+
+    A ``bwd`` sample carries its forward call's features and the whole backward's time (the
+    published convention), while a traced backward op's ``io_bytes`` and ``flops`` count its own
+    arguments (``native_layer_norm_backward`` reads the gradient, the input and the statistics:
+    1.5x the forward's bytes). Its ``elements`` and attention dimensions are the forward's, so the
+    forward's traffic and work are recomputed from them: an element-wise, norm or softmax call reads
+    and writes its tensor once; attention reads q, k, v and writes o, and its flops are the
+    forward's (``shape_row`` multiplies a backward's by 2.5)."""
+    columns = set(frame.columns)
+    if family in UNSAMPLED_FAMILIES and {"elements", "dtype", "io_bytes"} <= columns:
+        size = pl.col("dtype").cast(pl.Utf8).replace_strict(DTYPE_BYTES, default=None, return_dtype=pl.Float64)
+        return frame.with_columns((2.0 * pl.col("elements") * size).alias("io_bytes"))
+    if family == "attention" and {"flops", "io_bytes", "batch", "heads", "seq_q", "head_dim", "dtype"} <= columns:
+        size = pl.col("dtype").cast(pl.Utf8).replace_strict(DTYPE_BYTES, default=None, return_dtype=pl.Float64)
+        tensor = pl.col("batch") * pl.col("heads") * pl.col("seq_q") * pl.col("head_dim")
+        return frame.with_columns((pl.col("flops") / 2.5).alias("flops"), (4.0 * tensor * size).alias("io_bytes"))
+    return frame
 
 
 def _topology(nodes: object, gpus_per_node: object) -> str | None:
@@ -73,9 +177,13 @@ def _log_domain(frame: pl.DataFrame, columns: list[str]) -> np.ndarray:
 class CalibratedModels:
     """A cluster's calibrated regressors behind one ``predict(frame) -> durations_ns``."""
 
-    def __init__(self, cluster: str, models: list[StoredModel]) -> None:
+    def __init__(self, cluster: str, models: list[StoredModel], *, unsampled: str = UNSAMPLED_DEFAULT) -> None:
+        if unsampled not in ("uncovered", "baseline"):
+            raise ValueError(f"unsampled must be 'uncovered' or 'baseline', not {unsampled!r}")
         self.cluster = cluster
         self.models = models
+        self.unsampled = unsampled
+        self._baselines: dict[tuple, PhysicalBaseline | None] = {}
         self._by_slot: dict[tuple, list[StoredModel]] = defaultdict(list)
         for m in models:
             key = m.key
@@ -128,7 +236,8 @@ class CalibratedModels:
 
     def _route(self, frame: pl.DataFrame, candidates: list[StoredModel], family: str) -> np.ndarray:
         """Index into ``candidates`` per row of ``frame`` (all of one slot); -1 when a row has none
-        of the shape features the models were trained on (it stays uncovered, not guessed)."""
+        of the shape features the models were trained on (it stays uncovered, not guessed), and
+        ``UNSAMPLED`` when a named operator has no model of its kind (see the module docstring)."""
         features = feature_frame(frame, family)
         distances = np.column_stack([self._distance(m, features) for m in candidates])
         choice = np.argmin(distances, axis=1)
@@ -136,15 +245,32 @@ class CalibratedModels:
         if pooled:
             # sampled ops without a model of their own take the family's pooled model
             choice[:] = pooled[0]
+        kinds = [None if m.key.op == ALL_OPS else op_kind(m.key.op) for m in candidates]
+        names = _names(frame)
+        if any(kinds):
+            row_kinds = [op_kind(n) if n is not None else None for n in names]
+            for kind in set(row_kinds):
+                rows = np.array([n is not None and k == kind for n, k in zip(names, row_kinds, strict=True)])
+                if not rows.any():
+                    continue
+                own = [j for j, k in enumerate(kinds) if kind is not None and k == kind]
+                if own:
+                    # the distance only chooses among the op's own sweeps
+                    choice[rows] = np.asarray(own)[np.argmin(distances[rows][:, own], axis=1)]
+                else:
+                    choice[rows] = pooled[0] if pooled else UNSAMPLED
         described = np.isfinite(distances)
-        choice[~described[np.arange(len(choice)), choice]] = -1
+        picked = choice >= 0
+        rows_picked = np.flatnonzero(picked)
+        uncovered = rows_picked[~described[rows_picked, choice[rows_picked]]]
+        choice[uncovered] = -1
         # an operator named like a model's source op (e.g. sampled aten::mm) uses that model
         for column in ("cpu_op_name", "op", "name"):
             if column not in frame.columns:
                 continue
-            names = frame.get_column(column).cast(pl.Utf8).to_list()
+            column_names = frame.get_column(column).cast(pl.Utf8).to_list()
             for j, m in enumerate(candidates):
-                hit = np.array([n == m.key.op for n in names], dtype=bool)
+                hit = np.array([n == m.key.op for n in column_names], dtype=bool)
                 choice[hit & described[:, j]] = j
         return choice
 
@@ -201,10 +327,45 @@ class CalibratedModels:
             candidates = self._by_slot[slot]
             part = indexed[rows]
             family = slot[0]
+            if slot[1:] == ("bwd",):
+                part = _as_forward_call(part, family)
             choice = self._route(part, candidates, family)
             features = feature_frame(part, family)
+            baseline = self.unsampled_baseline(slot) if family in UNSAMPLED_FAMILIES else None
+            # no kernel ends before the launch floor, however far below its sweep a small op lies
+            floor = float(baseline.coef_[0]) if baseline is not None else 0.0
             for j, model in enumerate(candidates):
                 picked = np.flatnonzero(choice == j)
                 if picked.size:
-                    out[np.asarray(rows)[picked]] = model.model.predict(features[picked])
+                    out[np.asarray(rows)[picked]] = np.maximum(model.model.predict(features[picked]), floor)
+            picked = np.flatnonzero(choice == UNSAMPLED)
+            if picked.size and baseline is not None and self.unsampled == "baseline":
+                known = picked[np.isfinite(features.get_column("bytes_moved").to_numpy()[picked])]
+                out[np.asarray(rows)[known]] = baseline.predict(features[known])
         return out
+
+    def unsampled_baseline(self, slot: tuple) -> PhysicalBaseline | None:
+        """``launch floor + bytes moved / bandwidth`` fitted on the samples of the slot's
+        single-kernel sweeps (one family and direction; ``COMPOSITE_KINDS`` and kind-less sweeps
+        left out), for operators of that family without a sweep of their own; None outside
+        ``UNSAMPLED_FAMILIES`` or without such sweeps. Cached."""
+        if slot not in self._baselines:
+            family = slot[0]
+            baseline = None
+            if family in UNSAMPLED_FAMILIES:
+                single = [
+                    m.training
+                    for m in self._by_slot[slot]
+                    if op_kind(m.key.op) is not None and op_kind(m.key.op) not in COMPOSITE_KINDS
+                ]
+                if not single:
+                    self._baselines[slot] = None
+                    return None
+                training = pl.concat(single, how="diagonal_relaxed")
+                durations = training.get_column("median_ns").cast(pl.Float64).to_numpy()
+                features = feature_frame(training, family)
+                keep = np.isfinite(durations) & (durations > 0) & np.isfinite(features["bytes_moved"].to_numpy())
+                if keep.any():
+                    baseline = PhysicalBaseline(("bytes_moved",)).fit(features.filter(keep), durations[keep])
+            self._baselines[slot] = baseline
+        return self._baselines[slot]

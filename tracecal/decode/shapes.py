@@ -369,16 +369,25 @@ _DAO_LAYOUT_OPS = frozenset({"_flash_attention_forward", "_flash_attention_backw
 [batch, heads, seq, head_dim]."""
 
 
+_DAO_LAYOUT_NAME = re.compile(r"(?i)flash_?attn")
+"""Flash-attn's own ops and autograd Function (``flash_attn::_flash_attn_forward``,
+``FlashAttnFunc``, ``FlashAttnFuncBackward``) take Dao's layout; torch's SDPA flash ops do not."""
+
+
 def _attention(name: str, ts: list[tuple[list[int], str | None]], concrete: list[Any]) -> dict[str, Any] | None:
     shapes = [s for s, _ in ts if len(s) == 4]
     backward = "backward" in name.lower() or "bwd" in name.lower()
     if backward and len(shapes) >= 4:  # grad_out, q, k, v
         shapes = shapes[1:]
+    if backward and len(shapes) == 1:
+        # an autograd node records only the output gradient, shaped like q: self-attention, so
+        # the keys have the queries' length
+        shapes = shapes * 2
     if len(shapes) < 2:
         return None
     q, k = shapes[0], shapes[1]
     op = name.split("::")[-1]
-    if op in _DAO_LAYOUT_OPS or ("flash_attn" in name.lower() and "scaled_dot" not in name.lower()):
+    if op in _DAO_LAYOUT_OPS or (_DAO_LAYOUT_NAME.search(name) and "scaled_dot" not in name.lower()):
         b, sq, h, d = q  # Dao flash_attn layout [batch, seq, heads, head_dim]
         sk = k[1]
     else:
@@ -482,15 +491,40 @@ def shape_row(
         return out
     if fam in ("softmax", "norm", "elementwise"):
         out["elements"] = _prod(first)
+        if fam == "softmax" and _UPPER_TRIANGLE.search(name):
+            out["causal"] = True  # the upper triangle of every score row is masked by definition
         if fam in ("softmax", "norm"):
             # a row-wise reduction: its kernel is chosen by the row length (warp per row up to a
             # few thousand elements, block per row beyond), so rows × width is not just elements
             width = first[_reduced_axis(name, first, concrete if isinstance(concrete, list) else [])]
             out["hidden"] = width
             out["tokens"] = _prod(first) // width if width else None
-        out["io_bytes"] = _io(ts, _prod(first), nbytes)
+        out["io_bytes"] = _io(ts, _prod(first), nbytes) if fam != "elementwise" else _elementwise_io(name, ts, nbytes)
         return out
     return out
+
+
+_UPPER_TRIANGLE = re.compile(r"(?i)upper_?triang")
+"""Softmax ops that mask the upper triangle (Megatron's ``ScaledUpperTriangMaskedSoftmax``): causal."""
+
+_REDUCTIONS = frozenset({"sum", "mean", "norm", "linalg_vector_norm", "amax", "amin", "max", "min", "prod",
+                         "var", "std", "argmax", "argmin", "all", "any", "logsumexp"})  # fmt: skip
+"""Element-wise-family ops that reduce: they read their input and write a much smaller output."""
+
+_WRITE_ONLY = frozenset({"fill", "zero", "zeros", "ones", "full", "zeros_like", "ones_like", "full_like"})
+"""Element-wise-family ops that only write their (first) tensor."""
+
+
+def _elementwise_io(name: str, ts: list[tuple[list[int], str | None]], nbytes: int | None) -> float | None:
+    """Bytes an element-wise op moves: its tensors read and its output written, where the output
+    has the largest (broadcast) shape, a reduction's output is negligible and a fill reads nothing."""
+    if nbytes is None:
+        return None
+    op = name.split("::")[-1].rstrip("_")
+    largest = max(_prod(s) for s, _ in ts)
+    if op in _WRITE_ONLY:
+        return float(largest * nbytes)
+    return _io(ts, 0 if op in _REDUCTIONS else largest, nbytes)
 
 
 _SOFTMAX_DIM_ARG = {"_softmax": 1, "softmax": 1, "_log_softmax": 1, "log_softmax": 1,
