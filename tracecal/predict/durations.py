@@ -156,11 +156,43 @@ def predicted(graph: ReplayGraph, model: DurationModel) -> Durations:
     ok = np.isfinite(values)
     if (values[ok] < 0).any():
         raise PredictionError("the duration model predicted negative durations; recalibrate the cluster")
+    values = split_per_operator(rows, values)
     dur = base.dur_ns.copy()
     source = base.source.copy()
     dur[idx[ok]] = np.rint(values[ok]).astype(np.int64)
     source[idx[ok]] = "model"
     return Durations(dur, source, "predicted")
+
+
+def split_per_operator(rows: pl.DataFrame, values: np.ndarray) -> np.ndarray:
+    """A model predicts one call of an operator, all its kernels together (a sample times the whole
+    op): the kernels of one CPU operator share its prediction in proportion to their measured
+    durations instead of each taking all of it. Rows without a CPU operator stand alone."""
+    if "cpu_op_event_id" not in rows.columns:
+        return values
+    frame = pl.DataFrame(
+        {
+            "rank": rows["rank"],
+            "op": rows["cpu_op_event_id"],
+            "dur": rows["dur_ns"].cast(pl.Float64).clip(lower_bound=1.0),
+            "value": pl.Series(values, dtype=pl.Float64).fill_nan(None),
+        }
+    ).with_row_index("_row")
+    shared = (
+        frame.filter(pl.col("op").is_not_null() & pl.col("value").is_not_null())
+        .with_columns(
+            pl.len().over("rank", "op").alias("_kernels"),
+            (pl.col("value").mean().over("rank", "op") * pl.col("dur") / pl.col("dur").sum().over("rank", "op")).alias(
+                "_share"
+            ),
+        )
+        .filter(pl.col("_kernels") > 1)
+    )
+    if shared.height == 0:
+        return values
+    out = values.copy()
+    out[shared["_row"].to_numpy()] = shared["_share"].to_numpy()
+    return out
 
 
 def coverage(graph: ReplayGraph, durations: Durations) -> dict[str, float]:

@@ -1,0 +1,82 @@
+"""Validation of a stored decoded GPT-NeoX run against the published measurements (reads the database).
+
+A decoded run (``runs.format = 'gpumodeling25'``) carries the published best-iteration module times
+and comparison in ``runs.metadata_json``. Its rebuilt iteration is replayed (``predict_stored_run``),
+every DeepSpeed module's span is read off the replayed timeline (``module_times``) at the traced ranks
+(head, first middle stage, tail), and ``published.component_errors`` scores them with the published
+rules. See ``docs/published-runs.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+
+from tracecal.errors import PredictionError
+from tracecal.ingest.discover import DECODED_FORMAT
+from tracecal.predict.durations import DurationModel
+from tracecal.predict.module_times import module_times, per_position
+from tracecal.predict.published import component_errors, stage_comparison
+from tracecal.predict.run import Prediction
+from tracecal.predict.store import StoredIteration, module_members, predict_stored_run
+
+
+@dataclass(frozen=True)
+class PublishedValidation:
+    """One decoded run's validation: the Table 9 rows, per-stage module times and the replay."""
+
+    run_id: str
+    components: pl.DataFrame
+    stages: pl.DataFrame
+    modules: pl.DataFrame
+    prediction: Prediction
+    stored: StoredIteration
+
+
+def is_decoded_run(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
+    row = con.execute("SELECT format FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    return row is not None and row[0] == DECODED_FORMAT
+
+
+def traced_ranks(con: duckdb.DuckDBPyConnection, run_id: str) -> list[int]:
+    """Global ranks of the head, the first middle stage and the tail (the rank folders 0, 1, 2)."""
+    ranks = [r[0] for r in con.execute("SELECT rank FROM ranks WHERE run_id = ? ORDER BY rank", [run_id]).fetchall()]
+    if len(ranks) < 2:
+        raise PredictionError(f"run {run_id} has {len(ranks)} rebuilt stage(s); re-ingest it with trace-ingest")
+    return [ranks[0], ranks[1] if len(ranks) > 2 else ranks[-1], ranks[-1]]
+
+
+def _metadata(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
+    row = con.execute("SELECT metadata_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    meta = json.loads(row[0]) if row and row[0] else {}
+    if "best_batch_module_times" not in meta:
+        raise PredictionError(f"run {run_id} carries no published module times; re-ingest its decoded run folder")
+    return meta
+
+
+def validate_decoded_run(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    *,
+    mode: str = "predicted",
+    model: DurationModel | None = None,
+    cluster: str | None = None,
+) -> PublishedValidation:
+    """Replay a decoded run and compare its module times with the published measurements.
+
+    Raises:
+        RunNotFoundError, PredictionError: the run is missing, not decoded, or cannot be replayed.
+    """
+    meta = _metadata(con, run_id)
+    stored, pred = predict_stored_run(con, run_id, mode=mode, model=model, cluster=cluster)
+    times = module_times(module_members(con, run_id, stored.iteration), pred)
+    ranks = traced_ranks(con, run_id)
+    predicted = per_position(times, ranks, "predicted_us")
+    measured = meta["best_batch_module_times"]
+    avg, old, low = measured.get("average", {}), measured.get("average_old"), measured.get("min")
+    components = component_errors(run_id, avg, old, low, predicted, meta.get("published_compares") or None)
+    stages = stage_comparison(run_id, avg, old, low, predicted)
+    return PublishedValidation(run_id, components, stages, times, pred, stored)
