@@ -394,6 +394,17 @@ def _plan_stage(
         .alias("extra_scope")
     )
     bwd = both["bwd"]
+    # the tensor-parallel region frame holds its all-reduce only: a table row naming it over another
+    # kernel took the name from a neighbouring position (the published decoder aligns by position)
+    fwd, bwd = (
+        rows.with_columns(
+            pl.when((pl.col("outer_op") == SCOPE["tp_reduce"]) & pl.col("coll").is_null())
+            .then(None)
+            .otherwise(pl.col("outer_op"))
+            .alias("outer_op")
+        )
+        for rows in (fwd, bwd)
+    )
     sends = {s: blocks.get((_position(s, shape.pp), "pp_p2p")) for s in range(shape.pp - 1)}
     for s, table in sends.items():
         if table is None:
