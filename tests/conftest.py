@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -34,9 +35,10 @@ def _cache_outside_home(template_cache: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 @pytest.fixture(scope="session")
-def tiny_pp2_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
-    """Two runs of the reference workload (PP2, two local gloo ranks, 4 steps) that differ only in the
-    hidden size (64 and 256), trained once per session (≈ 5 s each): hidden -> run directory."""
+def tiny_workload(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, int], Path]:
+    """Runs of the reference workload (local gloo ranks, 2 layers, 4 steps), each trained once per
+    session: ``tiny_workload(pp, hidden)`` -> its run directory (≈ 5 s for PP2 or one rank at hidden
+    64, ≈ 11 s for one rank at 512 on two cores)."""
     from dataclasses import replace
 
     from tracecal.samplers.workload import WorkloadConfig, run_local
@@ -44,5 +46,13 @@ def tiny_pp2_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
     tiny = WorkloadConfig(
         layers=2, hidden=64, heads=4, seq=32, vocab=256, micro_batches=4, micro_batch_size=2, steps=4, timeout_s=120
     )
-    root = tmp_path_factory.mktemp("tiny_pp2")
-    return {h: run_local(replace(tiny, pp=2, hidden=h), root / f"gpt_tiny_pp2_h{h}").out_dir for h in (64, 256)}
+    root = tmp_path_factory.mktemp("tiny_workload")
+    made: dict[tuple[int, int], Path] = {}
+
+    def run(pp: int, hidden: int) -> Path:
+        if (pp, hidden) not in made:
+            name = f"gpt_tiny_pp{pp}_h{hidden}"
+            made[pp, hidden] = run_local(replace(tiny, pp=pp, hidden=hidden), root / name).out_dir
+        return made[pp, hidden]
+
+    return run

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -130,9 +131,10 @@ def test_dlrm_single_file_nests_names_ranks_and_links_collectives(dlrm_db: Path,
     assert {"family", "phase", "component", "measured_dur_ns", "stream", "device"} <= set(kernels[0]["args"])
 
 
-def test_workload_iteration_round_trip(tiny_pp2_runs: dict[int, Path], tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_workload_iteration_round_trip(tiny_workload: Callable[[int, int], Path], tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
-    _ingest(db, tiny_pp2_runs[64], "gpt")
+    _ingest(db, tiny_workload(2, 64), "gpt")
     out = tmp_path / "gpt_export"
     with open_database(db, read_only=True) as con:
         best = con.execute("SELECT iteration FROM best_iteration WHERE run_id = 'gpt'").fetchall()[0][0]
