@@ -68,7 +68,8 @@ def predict(
     and component (compute fwd/bwd, optimizer, exposed TP/DP/PP/EP communication, memcpy, idle, and the
     whole iteration). Results are stored in the predictions and components tables."""
     from tracecal.predict.durations import parse_scale
-    from tracecal.predict.store import predict_stored_run
+    from tracecal.predict.published_runs import is_decoded_run, with_published_iteration
+    from tracecal.predict.store import predict_stored_run, write_results
     from tracecal.sql.connection import open_database
 
     with user_errors():
@@ -86,7 +87,18 @@ def predict(
 
                 model = load_duration_model(con, model_store_dir(settings.db_path), cluster)
             stored, pred = predict_stored_run(
-                con, run, mode=resolved, cluster=cluster, model=model, scale=factors, iteration=iteration
+                con, run, mode=resolved, cluster=cluster, model=model, scale=factors, iteration=iteration, store=False
+            )
+            decoded = is_decoded_run(con, run)
+            if decoded:
+                pred = with_published_iteration(con, run, pred)
+            write_results(
+                con,
+                run_id=run,
+                cluster=cluster if resolved == "predicted" else None,
+                mode=resolved,
+                predictions=pred.predictions,
+                components=pred.components,
             )
         table = _rows_ms(pred.components)
         if resolved == "predicted" and pred.coverage["all"] == 0:
@@ -102,6 +114,11 @@ def predict(
                 typer.echo(text, nl=False)
             return
         _render(run, stored.iteration, resolved, cluster, pred, table)
+        if decoded:
+            stdout.print(
+                "decoded run: the iteration is measured by the published best iteration's train_batch; the "
+                "other components compare the replay with the rebuilt trace (gaps between kernels kept as measured)"
+            )
 
 
 def _csv(table: pl.DataFrame) -> str:
@@ -164,18 +181,16 @@ def validate(
     fmt: Annotated[str, typer.Option("--format", help="markdown or csv.")] = "markdown",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the table to this file.")] = None,
     figures: Annotated[
-        Path | None, typer.Option("--figures", help="Directory for PNG figures (proportions, a rank's timeline).")
+        Path | None, typer.Option("--figures", help="Directory for PNG figures (proportions, stages or a timeline).")
     ] = None,
     db: DbOption = None,
 ) -> None:
-    """Predict every run and print the component error table across runs (like the published Table 9):
-    rows are components, columns are runs, cells are error % of the rank-summed component time
-    (overall: the slowest rank's iteration)."""
-    import polars as pl
-
+    """Predict every run and print its error table. Decoded GPT-NeoX runs are scored like the published
+    Table 9 (run_id, component, measured_ms, predicted_ms, error_pct, published_error_pct); traced runs
+    get the component table across runs (error % of the rank-summed component time; overall: the
+    slowest rank's iteration)."""
     from tracecal.predict.durations import parse_scale
-    from tracecal.predict.store import predict_stored_run
-    from tracecal.predict.validate import error_table, times_table, to_markdown
+    from tracecal.predict.published_runs import is_decoded_run
     from tracecal.sql.connection import open_database
 
     with user_errors():
@@ -184,9 +199,15 @@ def validate(
         factors = parse_scale(scale or [])
         resolved = _resolve_mode(mode, cluster, scale or [])
         settings = Settings.resolve(db)
-        results = []
         with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
             run_ids = runs or _default_runs(con, cluster)
+            decoded = [r for r in run_ids if is_decoded_run(con, r)]
+            traced = [r for r in run_ids if r not in decoded]
+            if decoded and traced and (fmt == "csv" or output is not None):
+                raise PredictionError(
+                    f"runs {', '.join(decoded)} are decoded GPT-NeoX runs (scored like the published Table 9) and "
+                    f"{', '.join(traced)} are traces (component table): validate them separately by run id"
+                )
             model = None
             if resolved == "predicted":
                 if not cluster:
@@ -194,28 +215,78 @@ def validate(
                 from tracecal.predict.models import load_duration_model
 
                 model = load_duration_model(con, model_store_dir(settings.db_path), cluster)
-            for run_id in run_ids:
-                _, pred = predict_stored_run(con, run_id, mode=resolved, cluster=cluster, model=model, scale=factors)
-                results.append((run_id, pred))
-        comps = pl.concat([p.components.with_columns(pl.lit(r).alias("run_id")) for r, p in results])
-        table = error_table(comps)
-        title = f"component error % ({resolved}" + (f", cluster {cluster})" if cluster else ")")
-        text = to_markdown(table, title) if fmt == "markdown" else table.write_csv(float_precision=2)
-        if output is not None:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(text)
-            stdout.print(f"wrote the error table of {len(results)} runs to {output}")
-        else:
-            typer.echo(text, nl=False)
-        if figures is not None:
-            _validation_figures(figures, comps, results)
-        if output is None and fmt == "markdown":
-            long = times_table(comps).filter(pl.col("component") == "overall")
-            render_rows(
-                "overall iteration (slowest rank)",
-                ["run", "measured ms", "predicted ms", "error %"],
-                [[r[0], _fmt(r[2]), _fmt(r[3]), _fmt(r[4], 2)] for r in long.iter_rows()],
-            )
+            if decoded:
+                _validate_published(con, decoded, resolved, model, cluster, fmt, output, figures)
+            if traced:
+                _validate_traced(con, traced, resolved, model, cluster, factors, fmt, output, figures)
+
+
+def _emit(text: str, output: Path | None, what: str) -> None:
+    if output is not None:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        output.write_text(text)
+        stdout.print(f"wrote {what} to {output}")
+    else:
+        typer.echo(text, nl=False)
+
+
+def _validate_published(con, run_ids, mode, model, cluster, fmt, output, figures) -> None:
+    """Decoded runs: the published Table 9 components, ours beside the published."""
+    import polars as pl
+
+    from tracecal.predict import published
+    from tracecal.predict.published_runs import validate_decoded_run
+
+    results = [validate_decoded_run(con, r, mode=mode, model=model, cluster=cluster) for r in run_ids]
+    frames = [v.components for v in results]
+    table = published.summary(frames)
+    text = published.to_csv(frames) if fmt == "csv" else published.to_markdown(frames, table)
+    _emit(text, output, f"the published comparison of {len(results)} runs")
+    if figures is not None:
+        from tracecal.predict.figures import component_proportions, published_stage_times
+
+        comps = pl.concat([v.prediction.components.with_columns(pl.lit(v.run_id).alias("run_id")) for v in results])
+        shares = component_proportions(comps, figures / "component_proportions.png")
+        stages = published_stage_times(pl.concat([v.stages for v in results]), figures / "stage_times.png")
+        stdout.print(f"figures: {shares}, {stages}")
+    if fmt == "markdown" and output is None:
+        overall = pl.concat(frames).filter(pl.col("component") == "Overall")
+        render_rows(
+            "Overall (train_batch of the best iteration)",
+            ["run", "measured ms", "predicted ms", "error %", "published %"],
+            [
+                [r["run_id"], _fmt(r["measured_ms"]), _fmt(r["predicted_ms"]), _fmt(r["error_pct"], 2),
+                 _fmt(r["published_error_pct"], 2)]
+                for r in overall.iter_rows(named=True)
+            ],
+        )  # fmt: skip
+
+
+def _validate_traced(con, run_ids, mode, model, cluster, factors, fmt, output, figures) -> None:
+    """Traced runs: component error % across runs."""
+    import polars as pl
+
+    from tracecal.predict.store import predict_stored_run
+    from tracecal.predict.validate import error_table, times_table, to_markdown
+
+    results = []
+    for run_id in run_ids:
+        _, pred = predict_stored_run(con, run_id, mode=mode, cluster=cluster, model=model, scale=factors)
+        results.append((run_id, pred))
+    comps = pl.concat([p.components.with_columns(pl.lit(r).alias("run_id")) for r, p in results])
+    table = error_table(comps)
+    title = f"component error % ({mode}" + (f", cluster {cluster})" if cluster else ")")
+    text = to_markdown(table, title) if fmt == "markdown" else table.write_csv(float_precision=2)
+    _emit(text, output, f"the error table of {len(results)} runs")
+    if figures is not None:
+        _validation_figures(figures, comps, results)
+    if output is None and fmt == "markdown":
+        long = times_table(comps).filter(pl.col("component") == "overall")
+        render_rows(
+            "overall iteration (slowest rank)",
+            ["run", "measured ms", "predicted ms", "error %"],
+            [[r[0], _fmt(r[2]), _fmt(r[3]), _fmt(r[4], 2)] for r in long.iter_rows()],
+        )
 
 
 def _default_runs(con, cluster: str | None) -> list[str]:

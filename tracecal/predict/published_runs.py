@@ -10,13 +10,14 @@ rules. See ``docs/published-runs.md``.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import duckdb
 import polars as pl
 
 from tracecal.errors import PredictionError
 from tracecal.ingest.discover import DECODED_FORMAT
+from tracecal.predict.components import error_pct_expr
 from tracecal.predict.durations import DurationModel
 from tracecal.predict.module_times import module_times, per_position
 from tracecal.predict.published import component_errors, stage_comparison
@@ -80,3 +81,22 @@ def validate_decoded_run(
     components = component_errors(run_id, avg, old, low, predicted, meta.get("published_compares") or None)
     stages = stage_comparison(run_id, avg, old, low, predicted)
     return PublishedValidation(run_id, components, stages, times, pred, stored)
+
+
+def with_published_iteration(con: duckdb.DuckDBPyConnection, run_id: str, prediction: Prediction) -> Prediction:
+    """The prediction with each rank's measured iteration set to the published best iteration's
+    ``train_batch`` time of its position (head, middle stages, tail): what the rebuilt schedule is
+    checked against, rather than the rebuilt timeline itself."""
+    meta = _metadata(con, run_id)
+    train_batch = meta["best_batch_module_times"].get("average", {}).get("update")
+    if not train_batch:
+        return prediction
+    ranks = sorted(prediction.components["rank"].unique().to_list())
+    position = {r: 0 if r == ranks[0] else 2 if r == ranks[-1] else 1 for r in ranks}
+    measured = {r: round(train_batch[p] * 1e3) for r, p in position.items() if train_batch[p]}
+    it = (pl.col("component") == "iteration") & pl.col("rank").is_in(list(measured))
+    new = pl.col("rank").replace_strict(measured, default=None, return_dtype=pl.Int64)
+    components = prediction.components.with_columns(
+        pl.when(it).then(new).otherwise(pl.col("measured_ns")).alias("measured_ns")
+    ).with_columns(error_pct_expr())
+    return replace(prediction, components=components)
