@@ -675,7 +675,7 @@ def _rank_events(plan: pl.DataFrame, start: np.ndarray, end: np.ndarray, stage: 
                 "out_msg_nelems": nelems * size if coll == "allgather" and nelems is not None else nelems,
                 "group_size": 2 if coll in ("send", "recv") else size,
                 "coll_dtype": row["coll_dtype"],
-                "pg_name": group,
+                "pg_name": f"{group}-{shape.group(stage, group)[0]}",  # unique per process group
                 "pg_ranks": groups[group],
                 "dst_rank": row["peer"] if coll == "send" else None,
                 "src_rank": row["peer"] if coll == "recv" else None,
@@ -766,7 +766,11 @@ def rebuild_run(
     )
     if name_layout is not None:
         layout = layout.merged(name_layout)
-    notes = list(rebuilt.notes)
+    notes = [
+        f"rebuilt one rank per pipeline stage ({', '.join(str(r.rank) for r in rebuilt.ranks)}); "
+        "the tensor- and data-parallel replicas of a stage are taken to run the same kernels",
+        *rebuilt.notes,
+    ]
     if rebuilt.misaligned_rows:
         total = sum(rebuilt.misaligned_rows.values())
         notes.append(

@@ -272,7 +272,7 @@ def _ingest_run(
         source_bytes=stored.source_bytes,
         seconds=seconds,
         load_seconds=load_seconds,
-        missing_ranks=tuple(missing_ranks(sorted(stored.owners), world_size)),
+        missing_ranks=() if rebuilt is not None else tuple(missing_ranks(sorted(stored.owners), world_size)),
         layout=layout,
         skipped=tuple(skipped),
         warnings=tuple(stored.notes) + (tuple(rebuilt.notes) if rebuilt is not None else ()),

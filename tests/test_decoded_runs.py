@@ -1,0 +1,167 @@
+"""Decoded GPT-NeoX runs: the 1F1B schedule, the rebuilt iteration of the smallest published run
+(Llemma-7B, 16 A100s, PP4 x TP2 x DP2), its replay and validation, and bad run folders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import duckdb
+import pytest
+from typer.testing import CliRunner
+
+from tests.conftest import GPUMODELING25
+from tracecal.cli.main import app
+from tracecal.errors import InputNotFoundError, TraceFormatError
+from tracecal.ingest.neox_log import parse_neox_log
+from tracecal.ingest.pipeline_schedule import stage_instructions
+from tracecal.predict.published import CSV_COLUMNS
+from tracecal.predict.published_runs import validate_decoded_run
+from tracecal.sql.connection import open_database
+from tracecal.sql.load import IngestOptions, ingest_runs
+
+RUNS = GPUMODELING25 / "runs" / "perlmutter"
+LLEMMA = RUNS / "llemma_7B_4_2_2_4_4"
+runner = CliRunner()
+
+
+@pytest.mark.parametrize(("stages", "micro_batches"), [(2, 1), (4, 8), (8, 16), (3, 2)])
+def test_schedule_is_one_forward_one_backward(stages: int, micro_batches: int) -> None:
+    for stage in range(stages):
+        kinds = [(i.kind, i.micro_batch) for i in stage_instructions(stage, stages, micro_batches)]
+        fwd = [mb for k, mb in kinds if k == "forward"]
+        bwd = [mb for k, mb in kinds if k == "backward"]
+        assert fwd == bwd == list(range(micro_batches))
+        # warm-up: the stage runs (stages - stage - 1) forwards, capped by the micro-batches, before its first backward
+        first_bwd = next(i for i, (k, _) in enumerate(kinds) if k == "backward")
+        assert sum(k == "forward" for k, _ in kinds[:first_bwd]) == min(stages - stage, micro_batches)
+        # every micro-batch's forward precedes its backward, and activations arrive before the forward
+        for mb in range(micro_batches):
+            assert kinds.index(("forward", mb)) < kinds.index(("backward", mb))
+            if stage > 0:
+                assert kinds.index(("recv_activation", mb)) < kinds.index(("forward", mb))
+            if stage < stages - 1:
+                assert kinds.index(("recv_grad", mb)) < kinds.index(("backward", mb))
+        counts = Counter(k for k, _ in kinds)
+        assert counts["send_activation"] == (0 if stage == stages - 1 else micro_batches)
+        assert counts["recv_activation"] == (0 if stage == 0 else micro_batches)
+        assert counts["send_grad"] == (0 if stage == 0 else micro_batches)
+        assert kinds[-2:] == [("reduce_grads", None), ("optimizer_step", None)]
+
+
+@pytest.fixture(scope="module")
+def llemma_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("decoded") / "llemma.duckdb"
+    with open_database(path) as con:
+        report = ingest_runs(con, [LLEMMA], IngestOptions(cluster="perlmutter", workers=1))
+    assert report.runs[0].format == "gpumodeling25"
+    return path
+
+
+def test_layout_comes_from_the_log(llemma_db: Path) -> None:
+    log = parse_neox_log(next((LLEMMA / "31664313").glob("*.log")))
+    with duckdb.connect(str(llemma_db), read_only=True) as con:
+        row = con.execute("SELECT format, pp, tp, dp, world_size, layout_source FROM runs").fetchone()
+        ranks = [r[0] for r in con.execute("SELECT rank FROM ranks ORDER BY rank").fetchall()]
+    assert row == ("gpumodeling25", log.pipe_parallel_size, log.model_parallel_size, log.data_parallel_size, 16, "log")
+    # one rank per stage: the first tensor- and data-parallel rank (DeepSpeed orders pipe, data, model)
+    assert ranks == [s * log.data_parallel_size * log.model_parallel_size for s in range(log.pipe_parallel_size)]
+
+
+def test_rebuilt_iteration_against_the_log(llemma_db: Path) -> None:
+    log = parse_neox_log(next((LLEMMA / "31664313").glob("*.log")))
+    m = log.gradient_accumulation_steps
+    with duckdb.connect(str(llemma_db), read_only=True) as con:
+        forwards = dict(
+            con.execute(
+                "SELECT rank, count(*) FROM events WHERE name LIKE '%pipe/module.py: forward' GROUP BY 1"
+            ).fetchall()
+        )
+        layers = dict(
+            con.execute(
+                "SELECT rank, count(*) FROM events WHERE name LIKE '%checkpointing.py: forward' GROUP BY 1"
+            ).fetchall()
+        )
+        p2p = con.execute(
+            "SELECT name, rank, peer, count(*), count(match_id) FROM collectives WHERE name IN ('send', 'recv') "
+            "GROUP BY ALL ORDER BY ALL"
+        ).fetchall()
+        mp = con.execute(
+            "SELECT match_id, count(DISTINCT rank) FROM collectives WHERE pg_name = 'mp-0' "
+            "AND match_id IS NOT NULL GROUP BY 1"
+        ).fetchall()
+        dp = dict(con.execute("SELECT rank, count(*) FROM collectives WHERE role = 'dp' GROUP BY 1").fetchall())
+    ranks = sorted(forwards)
+    assert all(forwards[r] == m for r in ranks)  # one stage forward per micro-batch
+    per_stage = log.transformer_layers_per_stage
+    assert [layers[r] for r in ranks] == [m * n for n in per_stage]
+    # sends and receives only between neighbouring stages, every one matched
+    for name, rank, peer, count, matched in p2p:
+        assert abs(ranks.index(rank) - ranks.index(peer)) == 1, (name, rank, peer)
+        assert matched == count
+    # the optimizer's model-parallel reductions join every stage; each stage reduces its gradients
+    assert mp and all(n == len(ranks) for _, n in mp)
+    assert all(dp.get(r, 0) > 0 for r in ranks)
+
+
+def test_measured_replay_within_3_percent_of_train_batch(llemma_db: Path) -> None:
+    with open_database(llemma_db) as con:
+        result = validate_decoded_run(con, "llemma_7B_4_2_2_4_4", mode="measured")
+    overall = result.components.filter(result.components["component"] == "Overall").row(0, named=True)
+    assert abs(overall["error_pct"]) < 3.0
+    assert overall["measured_ms"] == pytest.approx(9575.284)
+    stage_fwd = result.components.filter(result.components["component"] == "stage_fwd_max").row(0, named=True)
+    assert abs(stage_fwd["error_pct"]) < 3.0
+
+
+def test_validate_csv_has_the_published_columns(llemma_db: Path) -> None:
+    out = runner.invoke(app, ["validate", "--mode", "measured", "--format", "csv", "--db", str(llemma_db)])
+    assert out.exit_code == 0, out.output
+    lines = out.output.strip().splitlines()
+    assert tuple(lines[0].split(",")) == CSV_COLUMNS
+    assert len(lines) == 11  # ten published components of one run
+
+
+def test_table8_from_the_stored_log(llemma_db: Path) -> None:
+    out = runner.invoke(app, ["iterations", "llemma_7B_4_2_2_4_4", "--db", str(llemma_db)])
+    assert out.exit_code == 0, out.output
+    assert "9.57" in out.output  # published Table 8 min (the log has no per-iteration lines: module times)
+
+
+def _copy_run(tmp_path: Path) -> Path:
+    dst = tmp_path / LLEMMA.name
+    shutil.copytree(LLEMMA, dst)
+    for p in dst.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return dst
+
+
+def test_a_missing_rank_table_is_one_line_and_writes_nothing(tmp_path: Path) -> None:
+    run = _copy_run(tmp_path)
+    (run / "31664313" / "1" / "bwd.csv").unlink()
+    db = tmp_path / "bad.duckdb"
+    with open_database(db) as con, pytest.raises(InputNotFoundError, match="bwd.csv"):
+        ingest_runs(con, [run])
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+    out = runner.invoke(app, ["ingest", str(run), "--db", str(tmp_path / "cli.duckdb")])
+    assert out.exit_code != 0
+    assert len([ln for ln in out.output.strip().splitlines() if ln.strip()]) == 1
+
+
+def test_a_log_without_its_argument_dump_is_refused(tmp_path: Path) -> None:
+    run = _copy_run(tmp_path)
+    log = next((run / "31664313").glob("*.log"))
+    log.write_text("\n".join(ln for ln in log.read_text().splitlines() if "....." not in ln))
+    with open_database(tmp_path / "bad.duckdb") as con, pytest.raises(TraceFormatError, match="argument"):
+        ingest_runs(con, [run])
+
+
+def test_metadata_keeps_the_published_measurements(llemma_db: Path) -> None:
+    with duckdb.connect(str(llemma_db), read_only=True) as con:
+        meta = json.loads(con.execute("SELECT metadata_json FROM runs").fetchone()[0])
+    assert meta["best_batch_module_times"]["average"]["update"] == [9574937.0, 9575284.0, 9575449.0]
+    assert "1F1B_max_optimizer" in meta["published_compares"]
+    assert meta["neox_log"]["pipe_parallel_size"] == 4
