@@ -142,7 +142,7 @@ def test_a_missing_rank_table_is_one_line_and_writes_nothing(tmp_path: Path) -> 
     run = _copy_run(tmp_path)
     (run / "31664313" / "1" / "bwd.csv").unlink()
     db = tmp_path / "bad.duckdb"
-    with open_database(db) as con, pytest.raises(InputNotFoundError, match="bwd.csv"):
+    with open_database(db) as con, pytest.raises(InputNotFoundError, match=r"bwd\.csv"):
         ingest_runs(con, [run])
     with duckdb.connect(str(db), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)

@@ -650,9 +650,10 @@ def _rank_events(plan: pl.DataFrame, start: np.ndarray, end: np.ndarray, stage: 
         driver = row["inner_op"] is None and row["kind"] == "kernel"
         call = "cuLaunchKernel" if driver else _RUNTIME_CALL[row["kind"]]
         correlation = len(launches) + 1
+        kind = "cuda_driver" if driver else "cuda_runtime"
         runtime = ev.add(
-            kind="cuda_driver" if driver else "cuda_runtime", category="cuda_driver" if driver else "cuda_runtime",
-            name=call, ts_ns=cursor, dur_ns=_CALL_NS, pid=pid, tid=tid, correlation=correlation, external_id=op_external,
+            kind=kind, category=kind, name=call, ts_ns=cursor, dur_ns=_CALL_NS, pid=pid, tid=tid,
+            correlation=correlation, external_id=op_external,
         )  # fmt: skip
         launches.append((correlation, op_external or 0, runtime))
         cursor += _CALL_STEP_NS
