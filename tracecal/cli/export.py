@@ -71,7 +71,7 @@ def export(
         stdout.print(f"wrote {what} {scope} of {run}: {result.ranks} ranks, {result.spans} spans to {where}")
 
 
-def _model(con, db_path: Path, run: str, cluster: str | None):  # type: ignore[no-untyped-def]
+def _model(con, db_path: Path, run: str, cluster: str | None):
     """The calibrated models of ``cluster``, else of the run's own cluster."""
     from tracecal.errors import CalibrationError
     from tracecal.predict.models import load_duration_model
