@@ -165,3 +165,28 @@ def test_metadata_keeps_the_published_measurements(llemma_db: Path) -> None:
     assert meta["best_batch_module_times"]["average"]["update"] == [9574937.0, 9575284.0, 9575449.0]
     assert "1F1B_max_optimizer" in meta["published_compares"]
     assert meta["neox_log"]["pipe_parallel_size"] == 4
+
+
+def test_flash_attention_causality_from_its_kernels() -> None:
+    import polars as pl
+
+    from tracecal.decode.shapes import family_shape_table
+    from tracecal.ingest.decoded_run import read_kernel_table
+
+    tables = [read_kernel_table(LLEMMA / "31664313" / "1" / f"{n}.csv") for n in ("fwd", "bwd")]
+    rows = pl.concat(tables).filter(pl.col("inner_op").str.starts_with("FlashAttn"))
+    frame = rows.select(
+        pl.col("inner_op").alias("cpu_op_name"),
+        pl.col("kernel").alias("name"),
+        pl.lit("kernel").alias("kind"),
+        pl.col("inner_dims").alias("input_dims"),
+        pl.lit(None, pl.String).alias("input_types"),
+        pl.lit(None, pl.String).alias("cpu_concrete_inputs"),
+    )
+    table = family_shape_table(frame)
+    # the forward and the backward loop kernel say Is_causal; the backward's other kernels and the
+    # autograd node take it from them
+    assert set(table["cpu_op_name"]) == {"FlashAttnFunc", "FlashAttnFuncBackward"}
+    assert table["causal"].to_list() == [True] * table.height
+    noncausal = frame.with_columns(pl.col("name").str.replace(", false, true,", ", false, false,", literal=True))
+    assert not any(family_shape_table(noncausal)["causal"].fill_null(False))

@@ -604,7 +604,45 @@ def family_shape_table(
     values = list(zip(*rows, strict=True)) if rows else [()] * len(_SHAPE_SCHEMA)
     # not strict, as the row constructor was not (an int in a float column, a float in an int one)
     feats = [pl.Series(c, v, dtype=t, strict=False) for (c, t), v in zip(_SHAPE_SCHEMA.items(), values, strict=True)]
-    return distinct.hstack([pl.Series("family", families, dtype=pl.Utf8), *feats])
+    return with_known_causality(
+        distinct.hstack([pl.Series("family", families, dtype=pl.Utf8), *feats]), name, kernel_name
+    )
+
+
+FLASH_KERNEL_CAUSAL = re.compile(r"flash_(?:fwd|bwd)\w*_kernel<.*>\s*>,\s*(?:true|false),\s*(true|false)\b")
+"""Flash-attention 2 kernels name their template flags after the kernel traits: ``Is_dropout``, then
+``Is_causal`` (``flash_fwd_kernel<Traits>, false, true, ...>``)."""
+
+
+def with_known_causality(table: pl.DataFrame, name: str, kernel_name: str) -> pl.DataFrame:
+    """Attention rows whose arguments did not say whether they are causal: the flag a flash-attention
+    kernel's name carries, then the flag shared by the other kernels of the same operator and shape,
+    then (an autograd node ``XBackward`` records no scalar arguments) the flag of its forward ``X``
+    when every call of ``X`` agrees."""
+    if table.height == 0 or not (table.get_column("family") == "attention").any():
+        return table
+    attention = pl.col("family") == "attention"
+    unknown = table.get_column("causal").is_null()
+    from_kernel = pl.col(kernel_name).str.extract(FLASH_KERNEL_CAUSAL.pattern, 1) == "true"
+    table = table.with_columns(
+        pl.when(attention & pl.col("causal").is_null()).then(from_kernel).otherwise(pl.col("causal")).alias("causal")
+    )
+    same_call = pl.col("causal").drop_nulls().unique()
+    agreed = (
+        table.filter(attention & pl.col(name).is_not_null())
+        .group_by(name)
+        .agg(same_call.alias("_flags"))
+        .filter(pl.col("_flags").list.len() == 1)
+    )
+    flags = dict(zip(agreed[name].to_list(), agreed["_flags"].list.first().to_list(), strict=True))
+    inherited = {**{f"{op}Backward": flag for op, flag in flags.items()}, **flags}
+    fill = pl.col(name).replace_strict(inherited, default=None, return_dtype=pl.Boolean)
+    table = table.with_columns(
+        pl.when(attention & pl.col("causal").is_null()).then(fill).otherwise(pl.col("causal")).alias("causal")
+    )
+    # the flops were derived without the mask: a causal one skips half the score matrix
+    halved = pl.Series(unknown) & table.get_column("causal").fill_null(False)
+    return table.with_columns(pl.when(halved).then(pl.col("flops") / 2).otherwise(pl.col("flops")).alias("flops"))
 
 
 def shape_features(
