@@ -24,6 +24,7 @@ from pathlib import Path
 import polars as pl
 
 from tracecal.errors import InputNotFoundError, TraceFormatError
+from tracecal.ingest.discover import decoded_job_dir
 from tracecal.ingest.gpumodeling25_tables import read_compares, read_module_times
 
 POSITIONS = ("head", "middle", "tail")
@@ -51,19 +52,6 @@ TABLE_COLUMNS = (
 
 _NONE = "None"
 """How the published decoder writes a missing CPU operator."""
-
-
-def decoded_job_dir(path: Path) -> Path | None:
-    """The job folder of a decoded GPT-NeoX run at ``path`` (the folder itself or its only job
-    sub-folder), or None when ``path`` is not one. A job folder has rank folders 0/1/2 of kernel
-    tables and a ``*.log``."""
-    if not path.is_dir():
-        return None
-    candidates = [path, *sorted(p for p in path.iterdir() if p.is_dir())]
-    for job in candidates:
-        if (job / "0" / "encoder_fwd.csv").is_file() and any(job.glob("*.log")):
-            return job
-    return None
 
 
 def read_kernel_table(path: Path) -> pl.DataFrame:

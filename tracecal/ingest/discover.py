@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 from tracecal.errors import InputNotFoundError, TraceFormatError
-from tracecal.ingest.decoded_run import decoded_job_dir
 
 KINETO_SUFFIXES = (".json", ".json.gz")
 """Kineto traces: ``*.json``, ``*.json.gz`` (including ``*.pt.trace.json[.gz]``)."""
@@ -113,6 +112,19 @@ class DiscoveredRun:
     @property
     def input_bytes(self) -> int:
         return sum(f.size_bytes for f in self.files)
+
+
+def decoded_job_dir(path: Path) -> Path | None:
+    """The job folder of a decoded GPT-NeoX run at ``path`` (the folder itself or its only job
+    sub-folder), or None when ``path`` is not one. A job folder has rank folders 0/1/2 of kernel
+    tables and a ``*.log``."""
+    if not path.is_dir():
+        return None
+    candidates = [path, *sorted(p for p in path.iterdir() if p.is_dir())]
+    for job in candidates:
+        if (job / "0" / "encoder_fwd.csv").is_file() and any(job.glob("*.log")):
+            return job
+    return None
 
 
 def trace_format(path: Path) -> str | None:
