@@ -86,10 +86,16 @@ def test_stored_results_are_replaced_not_duplicated(dlrm_db: Path, tmp_path: Pat
             "SELECT count(*) FROM operators WHERE run_id = 'dlrm_8rank' AND iteration = "
             "(SELECT iteration FROM best_iteration WHERE run_id = 'dlrm_8rank')"
         ).fetchall()[0][0]
-        mode = con.execute("SELECT DISTINCT mode, cluster FROM components").fetchall()
-    assert n_comp == 8 * len(ALL_COMPONENTS)
-    assert n_pred == ops
-    assert mode == [("measured", None)]
+        mode = con.execute("SELECT DISTINCT mode, cluster, replay FROM components ORDER BY replay").fetchall()
+        fitted = con.execute(
+            "SELECT rank, error_pct, unexplained_ns FROM components WHERE component = 'iteration' "
+            "AND replay = 'fitted' ORDER BY rank"
+        ).fetchall()
+    assert n_comp == 2 * 8 * len(ALL_COMPONENTS)  # the fitted and the dependency replay
+    assert n_pred == 2 * ops
+    assert mode == [("measured", None, "dependency"), ("measured", None, "fitted")]
+    # the fitted replay is exact and some of each rank's iteration is slack it absorbed
+    assert all(err == 0 and slack > 0 for _, err, slack in fitted)
 
 
 def test_cli_predict_csv(dlrm_db: Path) -> None:

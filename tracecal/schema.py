@@ -392,6 +392,18 @@ PREDICTIONS = Table(
         ("duration_source", "VARCHAR", "model, measured (uncovered), or scale"),
         ("replay_start_ns", "BIGINT", "start in the replay, relative to the rank's replayed iteration start"),
         ("replay_end_ns", "BIGINT", "end in the replay, relative to the rank's replayed iteration start"),
+        (
+            "replay",
+            "VARCHAR",
+            "fitted (the slack the dependency graph cannot explain kept as fixed lags) or dependency "
+            "(only dependencies and nominal lags); NULL in rows written before both were stored",
+        ),
+        (
+            "unexplained_ns",
+            "BIGINT",
+            "absorbed slack on the rank's critical path of the fitted replay just before this operator "
+            "(0 in the dependency replay, which has none)",
+        ),
     ),
 )
 
@@ -419,6 +431,18 @@ COMPONENTS = Table(
         ("predicted_ns", "BIGINT", "replayed time of the component (same accounting)"),
         ("error_pct", "DOUBLE", "(predicted − measured) / measured × 100; NULL when measured is 0"),
         ("covered_share", "DOUBLE", "share of the component's measured time predicted by a model (0–1)"),
+        (
+            "replay",
+            "VARCHAR",
+            "fitted (the slack the dependency graph cannot explain kept as fixed lags) or dependency "
+            "(only dependencies and nominal lags); NULL in rows written before both were stored",
+        ),
+        (
+            "unexplained_ns",
+            "BIGINT",
+            "absorbed slack on the rank's critical path of the fitted replay landing before this component's "
+            "operators (iteration: all of it); 0 in the dependency replay",
+        ),
     ),
 )
 

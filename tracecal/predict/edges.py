@@ -2,13 +2,15 @@
 
 Each rule reads the node table (one row per node, measured aligned times) and adds edges with a
 *nominal* lag; ``EdgeBuilder.fitted`` then sets every lag to ``min(measured difference, nominal)`` and
-lets the binding edge of every point absorb what is left, which makes the measured replay exact.
+lets the binding edge of every point absorb what is left, which makes the measured replay exact. What
+was absorbed is returned beside the lags, so a replay can leave it out (the dependency replay).
 Rules are vectorised (polars joins, as-of joins and numpy), never a Python loop over events.
 """
 
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import numpy as np
 import polars as pl
@@ -66,14 +68,14 @@ class EdgeBuilder:
         nom = np.broadcast_to(np.asarray(nominal, dtype=np.int64), src.shape)
         self.parts.append((src, dst, nom, _K[kind]))
 
-    def fitted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def fitted(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, Absorbed]:
         """All edges, duration edges first (edge ``i`` is node ``i``'s start → end), with fitted lags.
         Consumes the accumulated edges (the builder is empty afterwards).
 
         Returns:
-            (src, dst, lag, kind, release): point ids (int32 while they fit, else int64), lags ns,
-            kind indexes into ``EDGE_KINDS``, and per point its release time (measured time for
-            roots, ``NO_TIME`` otherwise).
+            (src, dst, lag, kind, release, absorbed): point ids (int32 while they fit, else int64),
+            lags ns (absorbed slack included), kind indexes into ``EDGE_KINDS``, per point its
+            release time (measured time for roots, ``NO_TIME`` otherwise), and the slack absorbed.
         """
         n = self.n
         total = n + sum(p[0].size for p in self.parts)
@@ -95,8 +97,8 @@ class EdgeBuilder:
         t = np.empty(2 * n, dtype=np.int64)
         t[0::2] = self.start
         t[1::2] = self.end
-        release = _fit_lags(t, src, dst, lag)
-        return src, dst, lag, kind, release
+        release, absorbed = _fit_lags(t, src, dst, lag)
+        return src, dst, lag, kind, release, absorbed
 
 
 def infer_edges(nodes: pl.DataFrame) -> tuple[EdgeBuilder, np.ndarray, np.ndarray]:
@@ -124,7 +126,15 @@ _CHUNK = 1 << 20
 edge-sized ones would be fresh memory (costly to touch, on a VM above all)."""
 
 
-def _fit_lags(t: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> np.ndarray:
+class Absorbed(NamedTuple):
+    """Slack the fit added to lags: ``edge`` ids (one per point the graph could not explain, sorted)
+    and ``ns`` added to each. ``lag[edge] - ns`` are the dependency lags ``min(measured, nominal)``."""
+
+    edge: np.ndarray
+    ns: np.ndarray
+
+
+def _fit_lags(t: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray) -> tuple[np.ndarray, Absorbed]:
     """Fit the lags in place, given the nominal ones: ``lag = min(t[dst] - t[src], nominal)``, then
     each point's unexplained delay goes to its binding edge, so measured replay is exact.
 
@@ -132,7 +142,8 @@ def _fit_lags(t: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray) 
     difference added to the lag of one edge that attains that maximum (the last such edge).
 
     Returns:
-        The release time of every point: its measured time for a root (no in-edge), else ``NO_TIME``.
+        The release time of every point (its measured time for a root, i.e. a point without in-edge,
+        else ``NO_TIME``) and the absorbed slack.
     """
     best = np.full(t.size, NO_TIME, dtype=np.int64)  # latest constraint per point
     for a in range(0, src.size, _CHUNK):
@@ -148,11 +159,13 @@ def _fit_lags(t: np.ndarray, src: np.ndarray, dst: np.ndarray, lag: np.ndarray) 
     binding = np.full(t.size, -1, dtype=np.int64)
     binding[dst[edges]] = edges  # one binding edge per point (the last of the tied ones)
     points = np.flatnonzero(short & (binding >= 0))
-    lag[binding[points]] += t[points] - best[points]
+    absorbed = Absorbed(binding[points], t[points] - best[points])
+    lag[absorbed.edge] += absorbed.ns
     root = best == NO_TIME
     best[root] = t[root]  # the array becomes the release times
     best[~root] = NO_TIME
-    return best
+    order = np.argsort(absorbed.edge, kind="stable")
+    return best, Absorbed(absorbed.edge[order], absorbed.ns[order])
 
 
 def chain_predecessors(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

@@ -22,10 +22,12 @@ wait           worker-thread collective end → the next op of a thread blocked 
 marker         iteration start → first op; last op → iteration end (CPU-only ranks)          gap
 =============  ============================================================================  =========
 
-Lags are taken from the measured trace as ``min(measured difference, nominal)`` and then the binding
-edge of every point absorbs whatever is left unexplained, so replaying with measured durations
-reproduces every measured time exactly; what changes in a prediction is only the durations (of
-operators and of collective transfers), and each point then follows its dependencies.
+Lags are taken from the measured trace as ``min(measured difference, nominal)`` (the *dependency*
+lags) and then the binding edge of every point absorbs whatever is left unexplained (``absorbed``),
+so the *fitted* replay with measured durations reproduces every measured time exactly; the
+*dependency* replay leaves the absorbed slack out, so its error with measured durations is what the
+dependencies alone miss. What changes in a prediction is only the durations (of operators and of
+collective transfers), and each point then follows its dependencies.
 
 Times are aligned across ranks (``ts_ns + ranks.clock_offset_ns``) and made relative to the earliest
 point of the graph. Everything is built with vectorised frame/array operations.
@@ -40,7 +42,7 @@ import numpy as np
 import polars as pl
 
 from tracecal.errors import PredictionError
-from tracecal.predict.edges import EDGE_KINDS, infer_edges
+from tracecal.predict.edges import EDGE_KINDS, Absorbed, infer_edges
 
 GPU_KINDS = ("kernel", "memcpy", "memset")
 """Operator kinds that run on a GPU stream (the rest are CPU operators of CPU-only traces)."""
@@ -93,6 +95,11 @@ class ReplayGraph:
     features: pl.DataFrame = field(repr=False, default_factory=pl.DataFrame)
     """Per activity/collective node (``node`` column): the activity's other columns (phase, shapes,
     dtypes ...) and, for collective instances, collective/size_bytes/group_size/nodes/gpus_per_node."""
+    absorbed: Absorbed = field(
+        repr=False, default_factory=lambda: Absorbed(np.empty(0, np.int64), np.empty(0, np.int64))
+    )
+    """The slack the fit added to ``lag`` (a delay the dependencies leave unexplained): the fitted
+    replay keeps it, the dependency replay leaves it out."""
 
     @property
     def n_points(self) -> int:
@@ -165,7 +172,7 @@ def build_graph(inputs: ReplayInputs) -> ReplayGraph:
         .otherwise(pl.col("duration_role")).alias("duration_role")
     )  # fmt: skip
     features = _features(inputs, nodes)
-    src, dst, lag, kind, release = builder.fitted()
+    src, dst, lag, kind, release, absorbed = builder.fitted()
     del builder
     return ReplayGraph(
         nodes=nodes,
@@ -177,6 +184,7 @@ def build_graph(inputs: ReplayInputs) -> ReplayGraph:
         origin_ns=origin,
         release=release,
         features=features,
+        absorbed=absorbed,
     )
 
 

@@ -13,27 +13,42 @@ from tracecal.errors import PredictionError
 from tracecal.predict.edges import NO_TIME
 from tracecal.predict.graph import ReplayGraph
 
+REPLAYS = ("fitted", "dependency")
+"""``fitted``: the lags keep the slack the fit absorbed (the measured replay is exact);
+``dependency``: only dependencies and nominal lags (the absorbed slack left out)."""
 
-def edge_lags(graph: ReplayGraph, durations_ns: np.ndarray | None) -> np.ndarray:
-    """The graph's lags with the duration edges of ``own`` nodes replaced by ``durations_ns``.
+
+def edge_lags(graph: ReplayGraph, durations_ns: np.ndarray | None, kind: str = "fitted") -> np.ndarray:
+    """The graph's lags for a replay of ``kind`` (see ``REPLAYS``), with the duration edges of ``own``
+    nodes replaced by ``durations_ns``.
 
     Args:
         graph: a built graph.
         durations_ns: one int64 duration per node (ns), or None for the measured durations.
+        kind: ``fitted`` or ``dependency``.
+
+    Raises:
+        PredictionError: unknown ``kind``.
     """
-    if durations_ns is None:
+    if kind not in REPLAYS:
+        raise PredictionError(f"unknown replay {kind!r}; use one of {', '.join(REPLAYS)}")
+    if durations_ns is None and kind == "fitted":
         return graph.lag
     lag = graph.lag.copy()
-    own = (graph.nodes["duration_role"] == "own").to_numpy()  # compared in polars: no Python strings
-    edges = graph.duration_edge[own]
-    lag[edges] = np.asarray(durations_ns, dtype=np.int64)[own]
+    if kind == "dependency":
+        lag[graph.absorbed.edge] -= graph.absorbed.ns
+    if durations_ns is not None:
+        own = (graph.nodes["duration_role"] == "own").to_numpy()  # compared in polars: no Python strings
+        edges = graph.duration_edge[own]
+        lag[edges] = np.asarray(durations_ns, dtype=np.int64)[own]
     return lag
 
 
-def replay(graph: ReplayGraph, durations_ns: np.ndarray | None = None) -> np.ndarray:
+def replay(graph: ReplayGraph, durations_ns: np.ndarray | None = None, kind: str = "fitted") -> np.ndarray:
     """Replay the graph; returns the time of every point (start ``2·node``, end ``2·node+1``), ns
-    relative to the graph's origin. With ``durations_ns=None`` the result equals the measured times."""
-    lag = edge_lags(graph, durations_ns)
+    relative to the graph's origin. The ``fitted`` replay with ``durations_ns=None`` reproduces the
+    measured times; the ``dependency`` replay leaves out the slack the fit absorbed."""
+    lag = edge_lags(graph, durations_ns, kind)
     sched = graph.schedule
     t = graph.release.copy()
     bounds = sched.level_bounds

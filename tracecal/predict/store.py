@@ -16,7 +16,7 @@ import polars as pl
 from tracecal.errors import PredictionError, RunNotFoundError
 from tracecal.predict.durations import DurationModel
 from tracecal.predict.graph import ReplayInputs
-from tracecal.predict.run import Prediction, predict_iteration
+from tracecal.predict.run import Prediction, predict_iteration, result_tables
 from tracecal.schema import COMPONENTS, PREDICTIONS
 from tracecal.sql.connection import query_arrow
 
@@ -128,10 +128,13 @@ def write_results(
     predictions: pl.DataFrame,
     components: pl.DataFrame,
 ) -> None:
-    """Replace the ``predictions`` and ``components`` rows of (run, cluster, mode) in one transaction."""
+    """Replace the ``predictions`` and ``components`` rows of (run, cluster, mode) in one transaction.
+
+    The frames are ``run.result_tables`` rows (both replays, with ``replay`` and ``unexplained_ns``);
+    rows of one replay without those columns are taken as the fitted replay's."""
     extra = {"run_id": run_id, "cluster": cluster, "mode": mode}
-    pred = predictions.with_columns(pl.lit(v, pl.String).alias(k) for k, v in extra.items())
-    comp = components.with_columns(pl.lit(v, pl.String).alias(k) for k, v in extra.items())
+    pred = _with_replay(predictions).with_columns(pl.lit(v, pl.String).alias(k) for k, v in extra.items())
+    comp = _with_replay(components).with_columns(pl.lit(v, pl.String).alias(k) for k, v in extra.items())
     pred_arrow = pred.select(PREDICTIONS.column_names).to_arrow()
     comp_arrow = comp.select(COMPONENTS.column_names).to_arrow()
     con.execute("BEGIN TRANSACTION")
@@ -154,6 +157,14 @@ def write_results(
             con.unregister(name)
 
 
+def _with_replay(frame: pl.DataFrame) -> pl.DataFrame:
+    if "replay" not in frame.columns:
+        frame = frame.with_columns(pl.lit("fitted").alias("replay"))
+    if "unexplained_ns" not in frame.columns:
+        frame = frame.with_columns(pl.lit(None, pl.Int64).alias("unexplained_ns"))
+    return frame
+
+
 def module_members(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int) -> pl.DataFrame:
     """The GPU activities of an iteration launched inside module frames (``module_scope_members``)."""
     from tracecal.decode.modules import ANY_MODULE
@@ -171,21 +182,25 @@ def predict_stored_run(
     scale: Mapping[str, float] | None = None,
     iteration: int | None = None,
     store: bool = True,
+    replay: str = "fitted",
+    compare: bool = True,
 ) -> tuple[StoredIteration, Prediction]:
-    """Load an iteration of a stored run, replay it, and (``store``) replace its stored results.
+    """Load an iteration of a stored run, replay it (``replay``; with ``compare`` the other replay
+    too), and (``store``) replace its stored results with both replays' rows.
 
     Raises:
         RunNotFoundError, PredictionError: see ``load_iteration`` and ``predict_iteration``.
     """
     stored = load_iteration(con, run_id, iteration)
-    prediction = predict_iteration(stored.inputs, mode=mode, model=model, scale=scale)
+    prediction = predict_iteration(stored.inputs, mode=mode, model=model, scale=scale, replay=replay, compare=compare)
     if store:
+        predictions, components = result_tables(prediction)
         write_results(
             con,
             run_id=run_id,
             cluster=cluster if mode == "predicted" else None,
             mode=mode,
-            predictions=prediction.predictions,
-            components=prediction.components,
+            predictions=predictions,
+            components=components,
         )
     return stored, prediction

@@ -130,10 +130,16 @@ def _stored_columns(con: duckdb.DuckDBPyConnection) -> dict[str, list[str]]:
 
 
 def _check_columns(con: duckdb.DuckDBPyConnection) -> None:
-    """Refuse a database whose tables were created with other columns (an older development build)."""
+    """Refuse a database whose tables were created with other columns (an older development build),
+    except that columns this version appends to a table are added to it (an additive change)."""
     stored = _stored_columns(con)
     for table in TABLES:
-        if table.name in stored and stored[table.name] != table.column_names:
+        have = stored.get(table.name)
+        if have is not None and len(have) < len(table.columns) and table.column_names[: len(have)] == have:
+            for column in table.columns[len(have) :]:
+                con.execute(f"ALTER TABLE {table.name} ADD COLUMN {column.name} {column.sql_type}")
+            continue
+        if have is not None and have != table.column_names:
             raise SchemaError(
                 f"table {table.name} in this database has other columns than this tracecal expects "
                 "(written by another version); use a new database (--db NEW.duckdb) and re-ingest"

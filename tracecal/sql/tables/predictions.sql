@@ -12,7 +12,9 @@ CREATE TABLE IF NOT EXISTS predictions (
     predicted_dur_ns BIGINT,
     duration_source  VARCHAR,
     replay_start_ns  BIGINT,
-    replay_end_ns    BIGINT
+    replay_end_ns    BIGINT,
+    replay           VARCHAR,
+    unexplained_ns   BIGINT
 );
 COMMENT ON TABLE predictions IS 'Per operator of a replayed best iteration: measured and predicted duration and replayed times.';
 COMMENT ON COLUMN predictions.run_id IS 'run identifier';
@@ -27,3 +29,5 @@ COMMENT ON COLUMN predictions.predicted_dur_ns IS 'replayed duration (end − st
 COMMENT ON COLUMN predictions.duration_source IS 'model, measured (uncovered), or scale';
 COMMENT ON COLUMN predictions.replay_start_ns IS 'start in the replay, relative to the rank''s replayed iteration start';
 COMMENT ON COLUMN predictions.replay_end_ns IS 'end in the replay, relative to the rank''s replayed iteration start';
+COMMENT ON COLUMN predictions.replay IS 'fitted (the slack the dependency graph cannot explain kept as fixed lags) or dependency (only dependencies and nominal lags); NULL in rows written before both were stored';
+COMMENT ON COLUMN predictions.unexplained_ns IS 'absorbed slack on the rank''s critical path of the fitted replay just before this operator (0 in the dependency replay, which has none)';
