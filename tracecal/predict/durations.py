@@ -166,8 +166,9 @@ def predicted(graph: ReplayGraph, model: DurationModel) -> Durations:
 
 def split_per_operator(rows: pl.DataFrame, values: np.ndarray) -> np.ndarray:
     """A model predicts one call of an operator, all its kernels together (a sample times the whole
-    op): the kernels of one CPU operator, given the same prediction, share it in proportion to their
-    measured durations instead of each taking all of it. Rows without a CPU operator stand alone."""
+    op): the prediction made for an operator's longest kernel (its main work, whose family routed it)
+    is shared by its predicted kernels in proportion to their measured durations, instead of every
+    kernel taking a whole call. Rows without a CPU operator stand alone."""
     if "cpu_op_event_id" not in rows.columns:
         return values
     frame = pl.DataFrame(
@@ -178,17 +179,18 @@ def split_per_operator(rows: pl.DataFrame, values: np.ndarray) -> np.ndarray:
             "value": pl.Series(values, dtype=pl.Float64).fill_nan(None),
         }
     ).with_row_index("_row")
+    group = ("rank", "op")
     shared = (
         frame.filter(pl.col("op").is_not_null() & pl.col("value").is_not_null())
         .with_columns(
-            pl.len().over("rank", "op").alias("_kernels"),
-            # one prediction for the whole call: a model that answers per kernel is left as it is
-            (pl.col("value").max().over("rank", "op") - pl.col("value").min().over("rank", "op")).alias("_spread"),
-            (pl.col("value").mean().over("rank", "op") * pl.col("dur") / pl.col("dur").sum().over("rank", "op")).alias(
-                "_share"
-            ),
+            pl.len().over(group).alias("_kernels"),
+            (
+                pl.col("value").sort_by("dur", descending=True).first().over(group)
+                * pl.col("dur")
+                / pl.col("dur").sum().over(group)
+            ).alias("_share"),
         )
-        .filter((pl.col("_kernels") > 1) & (pl.col("_spread") <= 1e-9 * pl.col("value").abs()))
+        .filter(pl.col("_kernels") > 1)
     )
     if shared.height == 0:
         return values
