@@ -309,7 +309,28 @@ def _stage_blocks(
             span = avg.get("pp_p2p")
             n = occurrences(send, span[pi] if span else None, shape.micro_batches)
             blocks[(pos, "pp_p2p")] = _kernel_rows(send, n, shape)
+    _share_send_transfers(blocks)
     return blocks, layers, flagged
+
+
+def _share_send_transfers(blocks: dict[tuple[str, str], pl.DataFrame]) -> None:
+    """The traced send tables send the same tensors: the k-th point-to-point kernel of each takes the
+    shortest measured duration among them (the longer ones include waiting for their receiver, which
+    the schedule adds back) and, where a table lost the tensor's size, the size another one recorded."""
+    sends = {key: rows for key, rows in blocks.items() if key[1] == "pp_p2p"}
+    p2p = {key: rows.filter(pl.col("coll") == "sendrecv") for key, rows in sends.items()}
+    if len(p2p) < 2 or len({t.height for t in p2p.values()}) != 1:
+        return
+    stacked = pl.concat([t.select("dur_ns", "nelems").with_row_index("_k") for t in p2p.values()])
+    common = stacked.group_by("_k").agg(pl.col("dur_ns").min(), pl.col("nelems").drop_nulls().first()).sort("_k")
+    for key, rows in sends.items():
+        k = pl.when(pl.col("coll") == "sendrecv").then(pl.col("coll").cum_count().over("coll") - 1)
+        joined = rows.with_columns(k.cast(pl.UInt32).alias("_k")).join(
+            common.rename({"dur_ns": "_dur", "nelems": "_n"}), on="_k", how="left", maintain_order="left"
+        )
+        blocks[key] = joined.with_columns(
+            pl.coalesce("_dur", "dur_ns").alias("dur_ns"), pl.coalesce("nelems", "_n").alias("nelems")
+        ).drop("_k", "_dur", "_n")
 
 
 def _misaligned_mask(rows: pl.DataFrame, shape: RunShape, misaligned: MisalignedFn) -> np.ndarray:
