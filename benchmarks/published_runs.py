@@ -1,0 +1,126 @@
+"""The whole chain on the published Perlmutter GPT-NeoX runs, as a user types it, in one go.
+
+In a fresh database: import the published compute and NCCL samples, ``trace-ingest`` every decoded run
+under ``../shared/data/gpumodeling25/runs/perlmutter``, ``calibrate --cluster perlmutter`` (which also
+scores the models on the runs' own kernels), then ``tracecal validate`` in measured mode (the fidelity
+of the rebuilt schedule: its replay against the measured ``train_batch``) and in predicted mode (the
+published Table 9, ours beside theirs). Prints, in one run:
+
+* Table 8 from the logs against the published one;
+* the measured replay of each run against its ``train_batch``;
+* the in-trace error of the calibrated models per op family (all runs);
+* Table 9, ours and published, and the summary the issue's targets are stated on.
+
+Usage::
+
+    python benchmarks/published_runs.py [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "gpumodeling25"
+RUNS = DATA / "runs" / "perlmutter"
+BIN = Path(sys.executable).parent
+
+
+def cli(*args: str, db: Path) -> str:
+    """Run a console script and return its stdout (a failure stops the benchmark with its stderr)."""
+    done = subprocess.run([*args, "--db", str(db)], capture_output=True, text=True, env=None)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(args)} failed:\n{done.stderr}")
+    return done.stdout
+
+
+def show(title: str, frame: pl.DataFrame) -> None:
+    print(f"\n## {title}\n")
+    with pl.Config(tbl_rows=100, tbl_cols=20, tbl_width_chars=200, float_precision=2, tbl_hide_dataframe_shape=True):
+        print(frame)
+
+
+def table8() -> pl.DataFrame:
+    from tracecal.ingest.gpumodeling25_tables import read_module_times, train_batch_us
+    from tracecal.ingest.neox_log import iteration_statistics, parse_neox_log
+
+    published = pl.read_csv(DATA / "published" / "iteration_statistics.csv")
+    rows = []
+    for job in sorted(p for p in RUNS.glob("*/*") if p.is_dir()):
+        stats = iteration_statistics(
+            parse_neox_log(next(job.glob("*.log"))),
+            train_batch_us(
+                {k: read_module_times(job / f"module_times_{k}.csv") for k in ("average", "min")},
+            ),
+        )
+        ref = published.filter(pl.col("model") == f"{job.parent.name}_P").row(0, named=True)  # _P: Perlmutter
+        row = {"run": job.parent.name}
+        for ours, theirs in (("min_s", "min"), ("max_s", "max"), ("mean_s", "average"), ("std_s", "std")):
+            value = stats.get(ours)
+            row[ours] = value
+            row[f"d_{theirs}"] = None if value is None else value - float(ref[theirs])
+        rows.append(row)
+    return pl.DataFrame(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--keep", type=Path, help="keep the database in this directory")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tracecal-published-"))
+    db = (args.keep or work) / "published.duckdb"
+    db.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        started = time.perf_counter()
+        for part in ("compute", "nccl"):
+            cli(str(BIN / "tracecal"), "samples", "import", str(DATA / "samples" / f"perlmutter_a100_{part}"),
+                "--cluster", "perlmutter", "--format", "gpumodeling25", db=db)  # fmt: skip
+        runs = sorted(p for p in RUNS.iterdir() if p.is_dir())
+        t = time.perf_counter()
+        cli(str(BIN / "trace-ingest"), *map(str, runs), "--cluster", "perlmutter", db=db)
+        ingest_s = time.perf_counter() - t
+        t = time.perf_counter()
+        report = json.loads(cli(str(BIN / "calibrate"), "--cluster", "perlmutter", "--json", db=db))
+        calibrate_s = time.perf_counter() - t
+        measured = pl.read_csv(
+            io.StringIO(cli(str(BIN / "tracecal"), "validate", "--mode", "measured", "--format", "csv", db=db))
+        )
+        t = time.perf_counter()
+        predicted_csv = cli(str(BIN / "tracecal"), "validate", "--cluster", "perlmutter", "--format", "csv", db=db)
+        validate_s = time.perf_counter() - t
+        markdown = cli(str(BIN / "tracecal"), "validate", "--cluster", "perlmutter", db=db)
+
+        show("Table 8 from the logs (s) and the difference to the published Table 8", table8())
+        fidelity = measured.filter(pl.col("component") == "Overall").select(
+            "run_id", "measured_ms", pl.col("predicted_ms").alias("replayed_ms"), "error_pct"
+        )
+        show("measured replay of the rebuilt schedule vs the measured train_batch", fidelity)
+        in_trace = pl.DataFrame(report.get("in_trace") or [])
+        if in_trace.height:
+            show(
+                "in-trace validation: calibrated models on the runs' own kernels, per family (all runs)",
+                in_trace.filter(pl.col("run_id") == "all") if "all" in in_trace["run_id"] else in_trace,
+            )
+        show("Table 9: ours and published (csv)", pl.read_csv(io.StringIO(predicted_csv)))
+        print(markdown[markdown.index("### mean |error|") :] if "### mean |error|" in markdown else markdown)
+        print(
+            f"\ntimes: ingest of {len(runs)} runs {ingest_s:.1f} s, calibrate {calibrate_s:.1f} s, "
+            f"validate {validate_s:.1f} s, all {time.perf_counter() - started:.1f} s"
+        )
+    finally:
+        if args.keep is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
