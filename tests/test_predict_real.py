@@ -103,8 +103,36 @@ def test_cli_predict_csv(dlrm_db: Path) -> None:
     assert result.exit_code == 0, result.output
     frame = pl.read_csv(result.stdout.encode())
     assert frame.columns[:5] == ["rank", "component", "measured_ms", "predicted_ms", "error_pct"]
+    assert frame.columns[-2:] == ["dependency_error_pct", "unexplained_pct"]
     it = frame.filter(pl.col("component") == "iteration")
     assert it.height == 8 and (it["error_pct"].abs() < 1e-9).all()
+    # the graph explains nearly everything: the dependency replay is within 1 % on every rank, and a
+    # little of each iteration is slack the fit absorbed (the exact fitted replay hides it)
+    assert (it["dependency_error_pct"].abs() < 1).all() and (it["dependency_error_pct"] != 0).any()
+    assert ((it["unexplained_pct"] > 0) & (it["unexplained_pct"] < 1)).all()
+    comps = frame.filter(pl.col("component").is_in(["iteration", "idle"]).not_())
+    by_rank = comps.group_by("rank").agg(pl.col("unexplained_pct").sum()).sort("rank")
+    assert (by_rank["unexplained_pct"] <= it.sort("rank")["unexplained_pct"] + 1e-3).all()  # csv: 4 decimals
+
+
+def test_cli_predict_table_says_which_replay(dlrm_db: Path) -> None:
+    runner = CliRunner(env={"COLUMNS": "200"})
+    fitted = runner.invoke(app, ["predict", "dlrm_8rank", "--db", str(dlrm_db), "--scale", "gemm=0.5"])
+    assert fitted.exit_code == 0, fitted.output
+    assert "scaled, fitted replay" in fitted.output
+    assert "rank 0: dependency replay error" in fitted.output and "unexplained" in fitted.output
+    dep = runner.invoke(app, ["predict", "dlrm_8rank", "--db", str(dlrm_db), "--replay", "dependency"])
+    assert dep.exit_code == 0, dep.output
+    assert "measured, dependency replay" in dep.output
+    with open_database(dlrm_db, read_only=True) as con:
+        rows = con.execute(
+            "SELECT replay, max(abs(error_pct)) FROM components WHERE mode = 'measured' AND component = 'iteration' "
+            "GROUP BY replay ORDER BY replay"
+        ).fetchall()
+    assert rows[0][0] == "dependency" and 0 < rows[0][1] < 1
+    assert rows[1] == ("fitted", 0.0)
+    bad = runner.invoke(app, ["predict", "dlrm_8rank", "--db", str(dlrm_db), "--replay", "exact"])
+    assert bad.exit_code == 2 and "unknown replay 'exact'" in bad.output
 
 
 def test_cli_predict_errors_are_one_line(dlrm_db: Path) -> None:

@@ -27,18 +27,21 @@ def _resolve_mode(mode: str | None, cluster: str | None, scale: list[str]) -> st
     return "scaled" if scale else "measured"
 
 
-def _rows_ms(components: pl.DataFrame) -> pl.DataFrame:
-    """The user-facing table: rank, component, measured_ms, predicted_ms, error_pct, covered_share."""
+def _rows_ms(pred: Prediction) -> pl.DataFrame:
+    """The user-facing table: rank, component, measured_ms, predicted_ms, error_pct, covered_share,
+    dependency_error_pct, unexplained_pct."""
     import polars as pl
 
-    return components.select(
+    from tracecal.predict.run import slack_report
+
+    return pred.components.select(
         "rank",
         "component",
         (pl.col("measured_ns") / 1e6).alias("measured_ms"),
         (pl.col("predicted_ns") / 1e6).alias("predicted_ms"),
         "error_pct",
         "covered_share",
-    )
+    ).join(slack_report(pred), on=["rank", "component"], how="left", maintain_order="left")
 
 
 def predict(
@@ -60,15 +63,26 @@ def predict(
     iteration: Annotated[
         int | None, typer.Option("--iteration", help="Replay this iteration instead of the best one.")
     ] = None,
+    replay: Annotated[
+        str,
+        typer.Option(
+            "--replay",
+            help="fitted (slack the dependencies cannot explain kept as fixed lags) or dependency (left out). "
+            "Both are computed and stored; this one is shown.",
+        ),
+    ] = "fitted",
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write csv/json to this file.")] = None,
     db: DbOption = None,
 ) -> None:
     """Replay the best iteration of RUN across all ranks and report measured vs predicted time per rank
     and component (compute fwd/bwd, optimizer, exposed TP/DP/PP/EP communication, memcpy, idle, and the
-    whole iteration). Results are stored in the predictions and components tables."""
+    whole iteration), with the dependency replay's error and the unexplained share (slack the
+    dependencies cannot explain, on each rank's critical path). Results are stored in the predictions
+    and components tables."""
     from tracecal.predict.durations import parse_scale
     from tracecal.predict.published_runs import is_decoded_run, with_published_iteration
+    from tracecal.predict.run import result_tables
     from tracecal.predict.store import predict_stored_run, write_results
     from tracecal.sql.connection import open_database
 
@@ -87,20 +101,29 @@ def predict(
 
                 model = load_duration_model(con, model_store_dir(settings.db_path), cluster)
             stored, pred = predict_stored_run(
-                con, run, mode=resolved, cluster=cluster, model=model, scale=factors, iteration=iteration, store=False
+                con,
+                run,
+                mode=resolved,
+                cluster=cluster,
+                model=model,
+                scale=factors,
+                iteration=iteration,
+                store=False,
+                replay=replay,
             )
             decoded = is_decoded_run(con, run)
             if decoded:
                 pred = with_published_iteration(con, run, pred)
+            predictions, components = result_tables(pred)
             write_results(
                 con,
                 run_id=run,
                 cluster=cluster if resolved == "predicted" else None,
                 mode=resolved,
-                predictions=pred.predictions,
-                components=pred.components,
+                predictions=predictions,
+                components=components,
             )
-        table = _rows_ms(pred.components)
+        table = _rows_ms(pred)
         if resolved == "predicted" and pred.coverage["all"] == 0:
             warn(f"no operator of {run} is covered by cluster {cluster}'s models: every duration kept measured")
         if stored.paired_p2p:
@@ -144,13 +167,18 @@ def _render(run: str, iteration: int, mode: str, cluster: str | None, pred: Pred
             _fmt(r["predicted_ms"]),
             _fmt(r["error_pct"], 2),
             None if r["covered_share"] is None else f"{100 * r['covered_share']:.0f} %",
+            _fmt(r["dependency_error_pct"], 2),
+            _fmt(r["unexplained_pct"], 2),
         ]
         for r in table.filter((pl.col("measured_ms") > 0) | (pl.col("predicted_ms") > 0)).iter_rows(named=True)
     ]
     title = f"{run} iteration {iteration}: {mode}"
     if cluster and mode == "predicted":
         title += f" with cluster {cluster}"
-    render_rows(title, ["rank", "component", "measured ms", "predicted ms", "error %", "model-covered"], rows)
+    title += f", {pred.replay} replay"
+    header = ["rank", "component", "measured ms", "predicted ms", "error %", "model-covered"]
+    render_rows(title, [*header, "dependency error %", "unexplained %"], rows)
+    _render_slack(pred, table)
     it = pred.iteration_error()
     slow = it.sort("measured_ns", descending=True).row(0, named=True)
     worst = it.select(pl.col("error_pct").abs().max()).item()
@@ -164,6 +192,49 @@ def _render(run: str, iteration: int, mode: str, cluster: str | None, pred: Pred
         f"duration); graph {pred.graph.nodes.height} nodes, {pred.graph.src.size} edges, replay "
         f"{pred.seconds['replay'] * 1e3:.0f} ms"
     )
+
+
+SLACK_RANKS_SHOWN = 16
+"""Ranks whose unexplained time is itemised after the table (the rest are summarised)."""
+
+
+def _render_slack(pred: Prediction, table: pl.DataFrame) -> None:
+    """Per rank: the dependency replay's error and where the unexplained time lands."""
+    import polars as pl
+
+    from tracecal.predict.slack import landing
+
+    fitted = pred.by_replay("fitted")
+    it = table.filter(pl.col("component") == "iteration").sort("rank")
+    where = landing(fitted.unexplained) if fitted is not None else None
+    if pred.replay == "fitted":
+        stdout.print(
+            "fitted replay: a delay the dependencies cannot explain is kept as a fixed lag (the measured replay "
+            "is exact); dependency replay: only dependencies and nominal lags; unexplained: the fixed lags on "
+            "the rank's critical path, % of its iteration"
+        )
+    else:
+        stdout.print("dependency replay: only dependencies and nominal lags (the fitted replay's fixed slack left out)")
+    for r in it.head(SLACK_RANKS_SHOWN).iter_rows(named=True):
+        line = f"rank {r['rank']}: dependency replay error {_fmt(r['dependency_error_pct'], 2)} %"
+        if r["unexplained_pct"] is not None:
+            line += f", unexplained {r['unexplained_pct']:.2f} % of the iteration"
+            span = r["predicted_ms"] * 1e6 if pred.replay == "fitted" else None
+            if where is not None and span:
+                parts = [
+                    f"{w['what']} {100 * w['unexplained_ns'] / span:.2f} %"
+                    for w in where.filter(pl.col("rank") == r["rank"]).iter_rows(named=True)
+                ]
+                line += f" (before: {', '.join(parts)})" if parts else ""
+        stdout.print(line, highlight=False)
+    if it.height > SLACK_RANKS_SHOWN:
+        rest = it.slice(SLACK_RANKS_SHOWN)
+        stdout.print(
+            f"{rest.height} more ranks: dependency replay error up to "
+            f"{_fmt(rest['dependency_error_pct'].abs().max(), 2)} %, unexplained up to "
+            f"{_fmt(rest['unexplained_pct'].max(), 2)} %",
+            highlight=False,
+        )
 
 
 VALIDATE_FORMATS = ("markdown", "csv")
