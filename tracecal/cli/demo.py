@@ -3,8 +3,11 @@
 Stages: train the reference workload (PP2 by default, gloo ranks on CPU, torch.profiler traces) →
 ingest and decode → sample the traced operator shapes on this CPU (``--from-run``) → calibrate a
 ``local`` cluster → replay the best iteration with measured durations (fidelity) and with the
-calibrated models (prediction) → print the error tables and write the figures. Everything lands in
-one directory (a temporary one unless ``--dir`` is given), with its own database.
+calibrated models (prediction, dependency replay) → print the error tables and write the figures.
+Everything lands in one directory (a temporary one unless ``--dir`` is given), with its own database.
+
+``--device cuda`` runs the same loop on one GPU: one rank (no NCCL), its trace with CUDA kernels,
+samples timed with CUDA events (``samplers.timing``). ``benchmarks/gpu_check.sh`` runs it.
 """
 
 from __future__ import annotations
@@ -20,10 +23,14 @@ import typer
 
 from tracecal.cli.common import progress_bar, render_rows, stdout, user_errors, warn
 from tracecal.config import model_store_dir
-from tracecal.errors import CalibrationError, SampleError
+from tracecal.errors import CalibrationError, SampleError, WorkloadError
 
 CLUSTER = "local"
 STAGES = ("workload", "ingest", "sample", "calibrate", "predict")
+DEVICES = ("cpu", "cuda")
+PREDICT_REPLAY = "dependency"
+"""The replay the demo's prediction is scored with: only dependencies and nominal lags, so the
+error is the models' and the graph's, with no measured slack kept as fixed lags."""
 
 
 def _cpu_seconds() -> float:
@@ -50,7 +57,15 @@ def demo(
     directory: Annotated[
         Path | None, typer.Option("--dir", help="Work directory (default: a new temporary directory).")
     ] = None,
-    pp: Annotated[int, typer.Option(help="Pipeline stages of the reference workload.")] = 2,
+    device: Annotated[
+        str,
+        typer.Option(
+            "--device", help="cpu (local gloo ranks) or cuda (one rank on one GPU, samples timed with CUDA events)."
+        ),
+    ] = "cpu",
+    pp: Annotated[
+        int | None, typer.Option(help="Pipeline stages of the reference workload (default: 2 on cpu, 1 on cuda).")
+    ] = None,
     tp: Annotated[int, typer.Option(help="Tensor-parallel ranks per stage.")] = 1,
     dp: Annotated[int, typer.Option(help="Data-parallel replicas.")] = 1,
     steps: Annotated[int, typer.Option(help="Training steps (the profiler records the last steps-2).")] = 10,
@@ -69,18 +84,20 @@ def demo(
     """Run the whole loop on this machine: train the reference GPT (PP2 by default) with local gloo
     ranks under torch.profiler, ingest the traces, sample the traced shapes on this CPU, calibrate a
     'local' cluster, replay the best iteration (measured and predicted), and print the error tables
-    and where the figures are. A few minutes on 2 cores."""
+    and where the figures are. A few minutes on 2 cores. --device cuda runs it on one GPU."""
     with user_errors():
+        pp = resolve_layout(device, pp, tp, dp, _cuda_devices() if device == "cuda" else 0)
         work = directory or Path(tempfile.mkdtemp(prefix="tracecal-demo-"))
         work.mkdir(parents=True, exist_ok=True)
         db = work / "demo.duckdb"
         figures = work / "figures"
         timings: dict[str, float] = {}
         run_dir = work / f"gpt_tiny_pp{pp}_tp{tp}_dp{dp}"
-        stdout.print(f"tracecal demo in {work}")
-        run_id = _train(run_dir, pp, tp, dp, steps, timings)
+        stdout.print(f"tracecal demo in {work} on {device}")
+        run_id = _train(run_dir, pp, tp, dp, steps, device, timings)
         _ingest(db, run_dir, run_id, timings)
-        _sample(db, run_id, repeats, passes, processes or pp * tp * dp, timings)
+        settings = sample_settings(device, run_id, repeats, passes, processes or pp * tp * dp)
+        _sample(db, run_id, settings, timings)
         model = _calibrate(db, timings)
         _predict(db, run_id, model, figures, timings)
         wall = {k: v for k, v in timings.items() if not k.endswith("_cpu")}
@@ -93,11 +110,41 @@ def demo(
         stdout.print(f"explore: tracecal predict {run_id} --db {db} --mode measured;  tracecal sql --db {db} ...")
 
 
-def _train(run_dir: Path, pp: int, tp: int, dp: int, steps: int, timings: dict[str, float]) -> str:
+def resolve_layout(device: str, pp: int | None, tp: int, dp: int, gpus: int) -> int:
+    """The pipeline stages to run (2 on CPU, 1 on a GPU unless given), after checking the device.
+
+    Raises:
+        WorkloadError: an unknown device, ``cuda`` without a CUDA device, or more ranks than GPUs.
+    """
+    if device not in DEVICES:
+        raise WorkloadError(f"--device {device!r}: use one of {', '.join(DEVICES)}")
+    pp = pp if pp is not None else (1 if device == "cuda" else 2)
+    if device == "cuda":
+        if gpus < 1:
+            raise WorkloadError(
+                "no CUDA device: torch sees none (torch.cuda.is_available() is False); run the demo without "
+                "--device cuda, or on a machine with a GPU and a CUDA build of torch"
+            )
+        if pp * tp * dp > gpus:
+            raise WorkloadError(
+                f"--device cuda runs one rank per GPU: pp*tp*dp = {pp * tp * dp} ranks but {gpus} GPU(s) visible"
+            )
+    return pp
+
+
+def _cuda_devices() -> int:
+    """CUDA devices torch can use (0 without a GPU or with a CPU-only build of torch)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _train(run_dir: Path, pp: int, tp: int, dp: int, steps: int, device: str, timings: dict[str, float]) -> str:
     from tracecal.samplers.workload import WorkloadConfig, run_local
 
-    cfg = WorkloadConfig(pp=pp, tp=tp, dp=dp, steps=steps).validate()
-    what = f"train the reference GPT on {cfg.world_size} local gloo ranks (pp={pp} tp={tp} dp={dp}), profiled"
+    cfg = WorkloadConfig(pp=pp, tp=tp, dp=dp, steps=steps, device=device).validate()
+    where = "local gloo ranks" if device == "cpu" else "CUDA rank(s)"
+    what = f"train the reference GPT on {cfg.world_size} {where} (pp={pp} tp={tp} dp={dp}), profiled"
     with _stage(1, "workload", what, timings):
         result = run_local(cfg, run_dir, force=True)
     profiled = result.run["profile"]["profiled_steps"]
@@ -147,28 +194,42 @@ def neighbourhood(points: list[Any]) -> list[Any]:
     return list(out)
 
 
-def _sample(db: Path, run_id: str, repeats: int, passes: int, processes: int, timings: dict[str, float]) -> None:
-    from tracecal.samplers.compute import ComputeSettings, sample_compute
+def sample_settings(device: str, run_id: str, repeats: int, passes: int, processes: int) -> Any:
+    """How the demo samples the run's shapes: on CPU, as many concurrent samplers as the workload had
+    ranks (each traced operator ran while the other ranks competed for the cores, caches and memory
+    bandwidth); on a GPU, one sampler timing with CUDA events. On both, the repeats of a shape spread
+    over passes, so a burst of load from other jobs disturbs one pass of many shapes, not every
+    repeat of a few."""
+    from tracecal.samplers.compute import ComputeSettings
+
+    cuda = device == "cuda"
+    return ComputeSettings(
+        cluster=CLUSTER,
+        device=device,
+        warmup=3 if cuda else 1,  # a GPU's first calls pay for lazy initialisation and autotuning
+        repeats=repeats,
+        passes=passes,
+        source_file=f"run:{run_id}",
+        processes=1 if cuda else processes,
+        threads=None if cuda else 1,
+    )
+
+
+def _sample(db: Path, run_id: str, settings: Any, timings: dict[str, float]) -> None:
+    from tracecal.samplers.compute import sample_compute
     from tracecal.samplers.from_run import run_points
     from tracecal.sql.connection import open_database
 
-    what = f"time the traced operator shapes and their neighbours on this CPU, {processes} processes at once"
+    if settings.device == "cpu":
+        what = (
+            f"time the traced operator shapes and their neighbours on this CPU, {settings.processes} processes at once"
+        )
+    else:
+        what = f"time the traced operator shapes and their neighbours on {settings.device} with CUDA events"
     with _stage(3, "sample", what, timings):
         with open_database(db) as con:
             plan = run_points(con, run_id, None)
             points = neighbourhood(plan.points)
-            # as many concurrent samplers as the workload had ranks on this node: each traced operator
-            # ran while the other ranks competed for the cores, caches and memory bandwidth
-            # and the repeats of a shape spread over passes, so a burst of load from other jobs
-            # disturbs one pass of many shapes rather than every repeat of a few
-            settings = ComputeSettings(
-                cluster=CLUSTER,
-                warmup=1,
-                repeats=repeats,
-                passes=passes,
-                source_file=f"run:{run_id}",
-                processes=processes,
-            )
             with progress_bar() as bar:
                 task = bar.add_task("sampling", total=None)
 
@@ -230,6 +291,23 @@ def _calibrate(db: Path, timings: dict[str, float]) -> Any:
     return model
 
 
+def _print_slack(measured: Any) -> None:
+    """The dependency replay's error with measured durations and the unexplained share, worst rank."""
+    import polars as pl
+
+    from tracecal.predict.run import slack_report
+
+    it = slack_report(measured).filter(pl.col("component") == "iteration")
+    dep = it["dependency_error_pct"].abs().max()
+    share = it["unexplained_pct"].max()
+    if dep is None or share is None:
+        return
+    stdout.print(
+        f"      dependency replay (no absorbed slack) within {dep:.3f} % on every rank; unexplained slack at most "
+        f"{share:.3f} % of an iteration"
+    )
+
+
 def _predict(db: Path, run_id: str, model: Any, figures: Path, timings: dict[str, float]) -> None:
     import polars as pl
 
@@ -238,15 +316,19 @@ def _predict(db: Path, run_id: str, model: Any, figures: Path, timings: dict[str
     from tracecal.predict.validate import error_table, to_markdown
     from tracecal.sql.connection import open_database
 
-    with _stage(5, "predict", "replay the best iteration: measured (fidelity) and predicted", timings):
+    what = "replay the best iteration: measured (fidelity) and predicted (dependency replay)"
+    with _stage(5, "predict", what, timings):
         with open_database(db) as con:
             _, measured = predict_stored_run(con, run_id, mode="measured")
             predicted = None
             if model is not None:
-                _, predicted = predict_stored_run(con, run_id, mode="predicted", cluster=CLUSTER, model=model)
+                _, predicted = predict_stored_run(
+                    con, run_id, mode="predicted", cluster=CLUSTER, model=model, replay=PREDICT_REPLAY
+                )
         fidelity = measured.iteration_error()
         worst = float(fidelity["error_pct"].abs().max())  # type: ignore[arg-type]
         stdout.print(f"      measured-mode replay reproduces every rank within {worst:.3f} % (fidelity check)")
+        _print_slack(measured)
         shown = predicted or measured
         comps = shown.components.with_columns(pl.lit(run_id).alias("run_id"))
         bars = component_proportions(comps, figures / "component_proportions.png")
@@ -273,9 +355,15 @@ def _predict(db: Path, run_id: str, model: Any, figures: Path, timings: dict[str
     stdout.print(to_markdown(error_table(comps), f"component error % across ranks ({shown.mode})"))
     if predicted is not None:
         it = predicted.iteration_error().sort("measured_ns", descending=True).row(0, named=True)
+        fitted = predicted.by_replay("fitted")
+        also = ""
+        if fitted is not None:
+            f_it = fitted.iteration_error().filter(pl.col("rank") == it["rank"]).row(0, named=True)
+            also = f"; fitted replay {f_it['error_pct']:+.2f} %"
         stdout.print(
-            f"[bold]overall iteration error (slowest rank {it['rank']}): {it['error_pct']:+.2f} %[/] "
-            f"(measured {it['measured_ns'] / 1e6:.1f} ms, predicted {it['predicted_ns'] / 1e6:.1f} ms); "
-            f"{100 * predicted.coverage['all']:.0f} % of operator time predicted by a model"
+            f"[bold]overall iteration error (slowest rank {it['rank']}, {predicted.replay} replay): "
+            f"{it['error_pct']:+.2f} %[/] (measured {it['measured_ns'] / 1e6:.1f} ms, predicted "
+            f"{it['predicted_ns'] / 1e6:.1f} ms{also}); {100 * predicted.coverage['all']:.0f} % of operator "
+            "time predicted by a model"
         )
     stdout.print(f"figures: {bars}, {line}")
