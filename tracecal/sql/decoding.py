@@ -30,6 +30,7 @@ from tracecal.decode.collectives import Layout
 from tracecal.decode.frames import with_series
 from tracecal.decode.iterations import DEFAULT_MARKER
 from tracecal.decode.rank import DECODE_COLUMNS, decode_ranks
+from tracecal.decode.topology import group_topology
 from tracecal.errors import RunNotFoundError, TraceFormatError
 from tracecal.schema import COLLECTIVES, EVENTS, ITERATIONS, OPERATORS, Table, arrow_schema
 from tracecal.sql.connection import query_arrow
@@ -225,27 +226,6 @@ class DecodeHandoff:
         return frame
 
 
-def _topology(collectives: pl.DataFrame, world_size: int | None, nodes: int | None, gpn: int | None) -> pl.DataFrame:
-    """nodes / gpus_per_node of each instance's group, when the run's GPUs per node is known
-    (ranks are placed node-major: rank // gpus_per_node is the node)."""
-    if gpn is None or gpn <= 0:
-        return collectives.with_columns(
-            pl.lit(None, dtype=pl.Int32).alias("nodes"), pl.lit(None, dtype=pl.Int32).alias("gpus_per_node")
-        )
-    ranks = pl.col("pg_ranks").str.json_decode(dtype=pl.List(pl.Int64))
-    per_node = ranks.list.eval((pl.element() // gpn).unique_counts().max()).list.first()
-    n_nodes = ranks.list.eval((pl.element() // gpn).n_unique()).list.first()
-    world_group = pl.col("pg_ranks").is_null()
-    return collectives.with_columns(
-        pl.when(world_group).then(pl.lit(nodes)).otherwise(n_nodes).cast(pl.Int32).alias("nodes"),
-        pl.when(world_group)
-        .then(pl.lit(min(gpn, world_size) if world_size else gpn))
-        .otherwise(per_node)
-        .cast(pl.Int32)
-        .alias("gpus_per_node"),
-    )
-
-
 def decode_stored_run(
     con: duckdb.DuckDBPyConnection,
     run_id: str,
@@ -369,7 +349,7 @@ def decode_stored_run(
             ],
         )
     if colls.height:
-        colls = _topology(colls, layout.world_size, nodes, gpn)
+        colls = group_topology(colls, gpn, world_size=layout.world_size, nodes=nodes)
         _insert(con, COLLECTIVES, colls, run_id)
     _insert(con, ITERATIONS, its, run_id)
     best = best_iteration(its)
