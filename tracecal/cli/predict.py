@@ -71,6 +71,15 @@ def predict(
             "Both are computed and stored; this one is shown.",
         ),
     ] = "fitted",
+    gpus_per_node: Annotated[
+        int | None,
+        typer.Option(
+            "--gpus-per-node",
+            min=1,
+            help="What-if: place the ranks on nodes of this many GPUs (default with another cluster's models: "
+            "that cluster's largest sampled node size).",
+        ),
+    ] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write csv/json to this file.")] = None,
     db: DbOption = None,
@@ -84,6 +93,7 @@ def predict(
     from tracecal.predict.published_runs import is_decoded_run, with_published_iteration
     from tracecal.predict.run import result_tables
     from tracecal.predict.store import predict_stored_run, write_results
+    from tracecal.predict.what_if import target_gpus_per_node, uncovered_families
     from tracecal.sql.connection import open_database
 
     with user_errors():
@@ -100,6 +110,9 @@ def predict(
                 from tracecal.predict.models import load_duration_model
 
                 model = load_duration_model(con, model_store_dir(settings.db_path), cluster)
+            gpn, gpn_source = target_gpus_per_node(
+                con, run, cluster if resolved == "predicted" else None, gpus_per_node
+            )
             stored, pred = predict_stored_run(
                 con,
                 run,
@@ -110,6 +123,7 @@ def predict(
                 iteration=iteration,
                 store=False,
                 replay=replay,
+                gpus_per_node=gpn,
             )
             decoded = is_decoded_run(con, run)
             if decoded:
@@ -126,6 +140,13 @@ def predict(
         table = _rows_ms(pred)
         if resolved == "predicted" and pred.coverage["all"] == 0:
             warn(f"no operator of {run} is covered by cluster {cluster}'s models: every duration kept measured")
+        elif resolved == "predicted" and uncovered_families(pred.coverage):
+            warn(
+                f"cluster {cluster} has no model for the {', '.join(uncovered_families(pred.coverage))} operators "
+                f"of {run}: their measured durations are kept"
+            )
+        if gpn is not None:
+            warn(f"ranks placed on nodes of {gpn} GPUs (from {gpn_source}); collective topologies follow")
         if stored.paired_p2p:
             warn(f"{stored.paired_p2p} send/recv rows had no peer; paired by order between the run's two ranks")
         if fmt == "csv" or fmt == "json":

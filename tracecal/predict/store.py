@@ -6,13 +6,14 @@ The only module of ``tracecal.predict`` that talks to the database; everything e
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
 import duckdb
 import polars as pl
 
+from tracecal.decode.topology import group_topology
 from tracecal.errors import PredictionError, RunNotFoundError
 from tracecal.predict.durations import DurationModel
 from tracecal.predict.graph import ReplayInputs
@@ -184,14 +185,22 @@ def predict_stored_run(
     store: bool = True,
     replay: str = "fitted",
     compare: bool = True,
+    gpus_per_node: int | None = None,
 ) -> tuple[StoredIteration, Prediction]:
     """Load an iteration of a stored run, replay it (``replay``; with ``compare`` the other replay
-    too), and (``store``) replace its stored results with both replays' rows.
+    too), and (``store``) replace its stored results with both replays' rows. ``gpus_per_node``
+    places the ranks on nodes of that size (a what-if on another machine): each collective's topology
+    follows.
 
     Raises:
         RunNotFoundError, PredictionError: see ``load_iteration`` and ``predict_iteration``.
     """
     stored = load_iteration(con, run_id, iteration)
+    if gpus_per_node is not None:
+        stored = replace(
+            stored,
+            inputs=replace(stored.inputs, collectives=group_topology(stored.inputs.collectives, gpus_per_node)),
+        )
     prediction = predict_iteration(stored.inputs, mode=mode, model=model, scale=scale, replay=replay, compare=compare)
     if store:
         predictions, components = result_tables(prediction)
