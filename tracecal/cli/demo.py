@@ -298,9 +298,8 @@ def _print_slack(measured: Any) -> None:
     from tracecal.predict.run import slack_report
 
     it = slack_report(measured).filter(pl.col("component") == "iteration")
-    dep = it["dependency_error_pct"].abs().max()
-    share = it["unexplained_pct"].max()
-    if dep is None or share is None:
+    dep, share = it["dependency_error_pct"].abs().max(), it["unexplained_pct"].max()
+    if not isinstance(dep, float) or not isinstance(share, float):
         return
     stdout.print(
         f"      dependency replay (no absorbed slack) within {dep:.3f} % on every rank; unexplained slack at most "

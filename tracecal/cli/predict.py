@@ -219,6 +219,10 @@ SLACK_RANKS_SHOWN = 16
 """Ranks whose unexplained time is itemised after the table (the rest are summarised)."""
 
 
+def _float(value: object) -> float | None:
+    return value if isinstance(value, float) else None
+
+
 def _render_slack(pred: Prediction, table: pl.DataFrame) -> None:
     """Per rank: the dependency replay's error and where the unexplained time lands."""
     import polars as pl
@@ -252,8 +256,8 @@ def _render_slack(pred: Prediction, table: pl.DataFrame) -> None:
         rest = it.slice(SLACK_RANKS_SHOWN)
         stdout.print(
             f"{rest.height} more ranks: dependency replay error up to "
-            f"{_fmt(rest['dependency_error_pct'].abs().max(), 2)} %, unexplained up to "
-            f"{_fmt(rest['unexplained_pct'].max(), 2)} %",
+            f"{_fmt(_float(rest['dependency_error_pct'].abs().max()), 2)} %, unexplained up to "
+            f"{_fmt(_float(rest['unexplained_pct'].max()), 2)} %",
             highlight=False,
         )
 
