@@ -28,7 +28,7 @@ from pathlib import Path
 import polars as pl
 
 from tracecal.errors import TracecalError
-from tracecal.sql.connection import open_database
+from tracecal.sql.connection import open_database, query_arrow
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -54,11 +54,12 @@ def write_tables(db: Path, out: Path) -> list[str]:
     (the overall iteration error of each stored replay: the slowest rank's)."""
     with open_database(db, read_only=True) as con:
         comps = pl.from_arrow(
-            con.execute(
+            query_arrow(
+                con,
                 "SELECT mode, replay, rank, component, measured_ns / 1e6 AS measured_ms, "
                 "predicted_ns / 1e6 AS predicted_ms, error_pct, unexplained_ns / 1e6 AS unexplained_ms "
-                "FROM components ORDER BY mode, replay, rank, component"
-            ).fetch_arrow_table()
+                "FROM components ORDER BY mode, replay, rank, component",
+            )
         )
     assert isinstance(comps, pl.DataFrame)
     if comps.height == 0:

@@ -69,6 +69,24 @@ def test_a_database_with_other_columns_is_refused_with_advice(db_path: Path, cha
         pass
 
 
+def test_a_database_without_columns_appended_since_gains_them(db_path: Path) -> None:
+    with open_database(db_path) as con:  # as a tracecal before the two replays left it
+        for table in ("predictions", "components"):
+            con.execute(f"ALTER TABLE {table} DROP COLUMN unexplained_ns")
+            con.execute(f"ALTER TABLE {table} DROP COLUMN replay")
+        con.execute("INSERT INTO components (run_id, mode, rank, component) VALUES ('r', 'measured', 0, 'idle')")
+    with open_database(db_path) as con:
+        columns = [
+            r[0]
+            for r in con.execute(
+                "SELECT column_name FROM duckdb_columns() WHERE table_name = 'components' ORDER BY column_index"
+            ).fetchall()
+        ]
+        kept = con.execute("SELECT run_id, replay, unexplained_ns FROM components").fetchall()
+    assert columns[-2:] == ["replay", "unexplained_ns"]
+    assert kept == [("r", None, None)]
+
+
 def _count_view_passes(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     passes: list[bool] = []
     create = connection.create_views
