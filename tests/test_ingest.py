@@ -185,7 +185,7 @@ def test_parallel_and_serial_ingest_store_the_same_rows(tmp_path: Path, monkeypa
 _TEST_PID = os.getpid()
 
 
-def _parse_and_note_pid(path: Path) -> list[ParsedRank]:
+def _parse_and_note_pid(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
     if os.getpid() == _TEST_PID:
         time.sleep(0.05)  # so the helper surely takes files, however loaded the machine
     return [replace(r, metadata={**r.metadata, "parsed_by": os.getpid()}) for r in parse_trace_file(path)]

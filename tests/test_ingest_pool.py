@@ -35,7 +35,7 @@ def test_a_run_given_up_before_its_first_file_stops_the_helpers(
     file it holds and claims no other (a generator that never started would not run its finally)."""
     log = tmp_path / "parsed.log"
 
-    def slow_parse(path: Path) -> list[ParsedRank]:
+    def slow_parse(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
         if not _is_warm_up(path):
             with log.open("a") as out:
                 out.write(f"{Path(path).name}\n")
@@ -70,7 +70,7 @@ def test_the_pool_parses_one_run_at_a_time() -> None:
 
 
 def test_a_helper_that_dies_is_one_error_and_the_pool_takes_no_more_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fatal_in_helper(path: Path) -> list[ParsedRank]:
+    def fatal_in_helper(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
         if os.getpid() != TEST_PID and not _is_warm_up(path):
             os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
         time.sleep(0.1)  # this process is slow, so the helper surely takes a file
@@ -92,7 +92,7 @@ def test_a_helper_killed_while_holding_the_shared_lock_is_one_error_not_a_hang(
     helper dead instead of waiting forever."""
     parsers = pool.ParserPool(2)
 
-    def die_holding_the_lock(path: Path) -> list[ParsedRank]:
+    def die_holding_the_lock(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
         if os.getpid() != TEST_PID and not _is_warm_up(path):
             parsers._lock.acquire()  # the lock exists before the helpers are forked
             os.kill(os.getpid(), signal.SIGKILL)
@@ -150,7 +150,7 @@ def test_ranks_come_through_the_pipe_when_the_spool_cannot_be_written(monkeypatc
     def no_space(*args: object, **kwargs: object) -> None:
         raise OSError(28, "No space left on device")
 
-    def slow_here(path: Path) -> list[ParsedRank]:
+    def slow_here(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
         if os.getpid() == TEST_PID:
             time.sleep(0.05)  # so the helper surely takes files
         return [replace(r, metadata={**r.metadata, "parsed_by": os.getpid()}) for r in parse_trace_file(path)]

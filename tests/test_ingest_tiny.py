@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from tests.conftest import KINETO
 from tracecal.errors import TraceFormatError
-from tracecal.ingest import kineto
-from tracecal.ingest.files import read_trace_bytes
+from tracecal.ingest import event_chunks, kineto
+from tracecal.ingest.files import trace_blocks
 from tracecal.ingest.kineto import parse_kineto_file
 
 
@@ -215,13 +215,13 @@ def test_2021_array_document_with_string_thread_ids(tmp_path: Path) -> None:
     assert (kernel["kind"], kernel["tid"], kernel["stream"], kernel["external_id"]) == ("kernel", None, 7, 2)
 
 
-def test_batched_decoding_matches_direct_decoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_streamed_decoding_matches_direct_decoding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     events = [{"ph": "X", "cat": "cpu_op", "name": f"op{i % 3}", "ts": i, "dur": 1.25} for i in range(7)]
     events.insert(3, {"ph": "i", "name": "instant", "ts": 2})
     path = _write(tmp_path / "t.json", events)
     direct = parse_kineto_file(path).events
     monkeypatch.setattr(kineto, "DIRECT_DECODE_BYTES", 0)
-    monkeypatch.setattr(kineto, "BATCH_EVENTS", 2)
+    monkeypatch.setattr(event_chunks, "CHUNK_BYTES", 100)
     batched = parse_kineto_file(path).events
     assert batched.to_pylist() == direct.to_pylist()
     assert [r["event_id"] for r in batched.to_pylist()] == [0, 1, 2, 4, 5, 6, 7]
@@ -234,7 +234,7 @@ def test_error_index_is_the_event_index_in_the_file(tmp_path: Path, monkeypatch:
     with pytest.raises(TraceFormatError, match=r"t\.json: event 3, key args\.correlation"):
         parse_kineto_file(path)
     monkeypatch.setattr(kineto, "DIRECT_DECODE_BYTES", 0)
-    monkeypatch.setattr(kineto, "BATCH_EVENTS", 2)
+    monkeypatch.setattr(event_chunks, "CHUNK_BYTES", 100)
     with pytest.raises(TraceFormatError, match=r"t\.json: event 3, key args\.correlation"):
         parse_kineto_file(path)
 
@@ -357,13 +357,13 @@ def test_integer_lists_are_made_compact_like_a_json_round_trip(value: object, sp
 
 
 def test_inflated_traces_are_the_bytes_gzip_gives() -> None:
-    """``read_trace_bytes`` inflates with ISA-L when it is installed: the same bytes as the standard library."""
+    """``trace_blocks`` inflates with ISA-L when it is installed: the same bytes as the standard library."""
     for path in [*sorted((KINETO / "single").glob("*.gz")), next((KINETO / "dlrm_8rank").glob("*.gz"))]:
-        assert read_trace_bytes(path) == gzip.decompress(path.read_bytes()), path
+        assert b"".join(trace_blocks(path)) == gzip.decompress(path.read_bytes()), path
 
 
 def test_a_gzip_of_several_members_or_with_trailing_bytes_is_inflated_as_gzip_does(tmp_path: Path) -> None:
-    """One-member files take one raw inflate call; anything else the general reader, same bytes."""
+    """Every member is inflated in turn, and zero bytes after a member are padding: what gzip gives."""
     document = json.dumps({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 1}]}).encode()
     half = len(document) // 2
     members = tmp_path / "members.json.gz"
@@ -371,7 +371,7 @@ def test_a_gzip_of_several_members_or_with_trailing_bytes_is_inflated_as_gzip_do
     padded = tmp_path / "padded.json.gz"
     padded.write_bytes(gzip.compress(document) + b"\0" * 16)
     for path in (members, padded):
-        assert read_trace_bytes(path) == gzip.decompress(path.read_bytes()) == document, path.name
+        assert b"".join(trace_blocks(path)) == gzip.decompress(path.read_bytes()) == document, path.name
 
 
 def test_chunked_conversion_matches_one_batch_and_reads_both_dims_keys(

@@ -2,11 +2,11 @@
 
 An ordinary document (an object, integer args written as integers, at most ``DIRECT_DECODE_BYTES``)
 is decoded in one pass: its events by the strict decoder of ``kineto_events``, its metadata into the
-keys of ``_METADATA``. Any other is first split by msgspec into its top-level keys as undecoded
-``msgspec.Raw`` slices (metadata is small; ``traceEvents`` stays bytes; every small scalar key is kept),
-and its events then decoded — in one go, or, above ``DIRECT_DECODE_BYTES``, in batches of
-``BATCH_EVENTS`` so a multi-GB rank never has more than one batch of Python objects alive. Peak memory
-is the uncompressed document plus one batch plus the Arrow columns.
+keys of ``_METADATA``. Any other small one is first split by msgspec into its top-level keys as
+undecoded ``msgspec.Raw`` slices (metadata is small; ``traceEvents`` stays bytes; every small scalar
+key is kept), and its events then decoded. A larger document is never held whole: it is read as a
+stream and its event array decoded a chunk at a time (``event_chunks``), so memory depends on the
+chunk size, not on the file.
 
 Handled eras (SPEC §3.2): 2021 (``Operator``/``Runtime``/``Kernel`` categories, string tids such as
 ``"stream 7"``, lowercase ``Input dims`` / ``external id``, a top-level JSON array instead of an
@@ -20,8 +20,11 @@ monotonic clock, not an offset from ``baseTimeNanoseconds`` (which is kept in th
 from __future__ import annotations
 
 import gc
+import itertools
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -31,15 +34,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracecal.errors import TraceFormatError
-from tracecal.ingest.files import read_trace_bytes
-from tracecal.ingest.kineto_events import StrictEvent, decode_events, events_to_batch
-from tracecal.ingest.trace import ParsedRank
+from tracecal.ingest.event_chunks import open_document
+from tracecal.ingest.files import trace_blocks
+from tracecal.ingest.kineto_events import BATCH_SCHEMA, StrictEvent, decode_events, events_to_batch
+from tracecal.ingest.trace import EventsFile, ParsedRank
 
 DIRECT_DECODE_BYTES = 256 * 2**20
-"""Event arrays up to this size are decoded in one call; larger ones in batches."""
-
-BATCH_EVENTS = 500_000
-"""Events decoded into Structs at a time above ``DIRECT_DECODE_BYTES``."""
+"""Documents up to this size are read whole and decoded in one call; larger ones as a stream."""
 
 CHUNK_EVENTS = 4096
 """Decoded events turned into one record batch at a time when there are more than ``2 * CHUNK_EVENTS``:
@@ -100,52 +101,152 @@ _Document = msgspec.defstruct(
     module=__name__,
 )
 _document = msgspec.json.Decoder(_Document)
-_raw_list = msgspec.json.Decoder(list[msgspec.Raw])
 _raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _any = msgspec.json.Decoder()
 
 
-def parse_kineto_file(path: Path) -> ParsedRank:
+def parse_kineto_file(path: Path, spill_dir: Path | None = None) -> ParsedRank:
     """Parse one Kineto JSON trace (``.json`` or ``.json.gz``) into a ``ParsedRank``.
 
     The rank is ``distributedInfo.rank`` when the trace has it, else None (the loader assigns it
     from the path). Times are int64 ns: ``round(ts_µs × 1000)``, exact for integer µs and without
-    float truncation for float µs.
+    float truncation for float µs. A document above ``DIRECT_DECODE_BYTES`` is read as a stream
+    (``event_chunks``); with ``spill_dir`` its events go to a Parquet file there as they are decoded
+    (``ParsedRank.events`` is then an ``EventsFile``), so memory does not grow with the file.
 
     Raises:
         TraceFormatError: corrupt gzip, invalid or truncated JSON, JSON that is not a Kineto trace,
             no complete events, or a complete event without ``ts``/``name`` (file, event index, key).
     """
-    data = read_trace_bytes(path)
+    facts = _RankFacts()
+    blocks = facts.counted(trace_blocks(path))
+    first: list[bytes] = []
+    while facts.source_bytes <= DIRECT_DECODE_BYTES and (block := next(blocks, None)) is not None:
+        first.append(block)
+    data = first[0] if len(first) == 1 else b"".join(first)
+    del first
     with _gc_paused():
-        whole = _decode_whole(data)
-        if whole is not None:
-            header, events_array = whole[0], None
-            event_batches: Iterator[tuple[int, tuple[list[Any], bool]]] = iter([(0, (whole[1], True))])
-            del whole
-        else:  # large, 2021, lenient or damaged: the general path (which also words the errors)
-            header, events_array = _split_document(path, data)
-            event_batches = _event_batches(path, events_array)
-        batches: list[pa.RecordBatch] = []
-        categories: set[str | None] = set()
-        float_ts = False
-        for offset, (events, strict) in event_batches:
-            float_ts = float_ts or _float_timestamps(events[:1000])
-            parts = [
-                events_to_batch(path, events[a:b], offset + a, strict, categories) for a, b in _chunks(len(events))
-            ]
-            del events
-            if len(parts) > 1:  # one batch again, its dictionaries unified (≈ 2 ms for 63 000 events): the
-                # loader and decode get what one conversion would give (chunks cost DuckDB and polars more)
-                parts = pa.Table.from_batches(parts).combine_chunks().to_batches()
-            batches.extend(batch for batch in parts if batch.num_rows)
-        del events_array, event_batches
+        if facts.source_bytes <= DIRECT_DECODE_BYTES:
+            header, event_batches = _whole_document(path, data)
+            del data
+            events: pa.Table | EventsFile = _collect(path, event_batches, facts)
+        else:
+            document, chunks = open_document(path, data, blocks, partial(decode_events, path))
+            del data
+            event_batches = ((offset, (events, strict)) for offset, events, strict in chunks)
+            if spill_dir is None:
+                events = _collect(path, event_batches, facts)
+            else:
+                events = _spill(path, event_batches, facts, spill_dir)
+            header = {} if document.top_level_array else _split_document(path, document.header())[0]
+    return _parsed_rank(path, header, events, facts, _era(facts.categories, facts.float_ts, header))
+
+
+def _whole_document(path: Path, data: bytes) -> tuple[dict[str, Any], Iterator[tuple[int, tuple[list[Any], bool]]]]:
+    """Header and events of a document held whole: decoded in one pass when it is ordinary, else
+    split first (2021, lenient or damaged: the general path, which also words the errors)."""
+    whole = _decode_whole(data)
+    if whole is not None:
+        return whole[0], iter([(0, (whole[1], True))])
+    header, events_array = _split_document(path, data)
+    return header, iter([(0, decode_events(path, events_array, 0))])
+
+
+def _record_batches(
+    path: Path, event_batches: Iterator[tuple[int, tuple[list[Any], bool]]], facts: _RankFacts
+) -> Iterator[pa.RecordBatch]:
+    """Each decoded list of events as one record batch (its dictionaries unified), facts noted."""
+    for offset, (events, strict) in event_batches:
+        facts.float_ts = facts.float_ts or _float_timestamps(events[:1000])
+        parts = [
+            events_to_batch(path, events[a:b], offset + a, strict, facts.categories) for a, b in _chunks(len(events))
+        ]
+        del events
+        if len(parts) > 1:  # one batch again, its dictionaries unified (≈ 2 ms for 63 000 events): the
+            # loader and decode get what one conversion would give (chunks cost DuckDB and polars more)
+            parts = pa.Table.from_batches(parts).combine_chunks().to_batches()
+        for batch in parts:
+            if batch.num_rows:
+                facts.add(batch)
+                yield batch
+
+
+def _collect(path: Path, event_batches: Iterator[tuple[int, tuple[list[Any], bool]]], facts: _RankFacts) -> pa.Table:
+    batches = list(_record_batches(path, event_batches, facts))
     if not batches:
-        raise TraceFormatError(
-            f"{path}: no complete (ph X) events; is this a torch.profiler trace with activities recorded?"
-        )
-    table = pa.Table.from_batches(batches)
-    return _parsed_rank(path, header, table, _era(categories, float_ts, header), len(data))
+        raise _no_events(path)
+    return pa.Table.from_batches(batches)
+
+
+def _spill(
+    path: Path, event_batches: Iterator[tuple[int, tuple[list[Any], bool]]], facts: _RankFacts, spill_dir: Path
+) -> EventsFile:
+    """The events written to a Parquet file in ``spill_dir`` batch by batch (deleted on failure)."""
+    import pyarrow.parquet as pq
+
+    target = spill_dir / f"{path.name}.{os.getpid()}.{next(_SPILLS)}.parquet"
+    try:
+        with pq.ParquetWriter(target, BATCH_SCHEMA, compression="lz4", write_statistics=False) as writer:
+            for batch in _record_batches(path, event_batches, facts):
+                writer.write_batch(batch)
+        if not facts.rows:
+            raise _no_events(path)
+    except BaseException:
+        target.unlink(missing_ok=True)
+        raise
+    return EventsFile(target, facts.rows, facts.kernels)
+
+
+_SPILLS = itertools.count()
+
+
+def _no_events(path: Path) -> TraceFormatError:
+    return TraceFormatError(
+        f"{path}: no complete (ph X) events; is this a torch.profiler trace with activities recorded?"
+    )
+
+
+class _RankFacts:
+    """What is learned of a rank while its batches go by: rows, kernels, the categories and whether
+    any timestamp is a float (the era), CPU operators per pid (the main pid), the devices used."""
+
+    def __init__(self) -> None:
+        self.rows = self.kernels = 0
+        self.source_bytes = 0
+        self.categories: set[str | None] = set()
+        self.float_ts = False
+        self.cpu_pids: dict[int, int] = {}
+        self.devices: set[int] = set()
+
+    def counted(self, blocks: Iterator[bytes]) -> Iterator[bytes]:
+        """``blocks``, their bytes added to ``source_bytes`` as they are read."""
+        for block in blocks:
+            self.source_bytes += len(block)
+            yield block
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        kind, pid = batch.column("kind"), batch.column("pid")
+        values = kind.dictionary.to_pylist()
+        self.kernels += _count_codes(kind, [i for i, v in enumerate(values) if v == "kernel"])
+        codes = [i for i, v in enumerate(values) if v == "cpu_op"]
+        if codes:  # the code of cpu_op is compared, not every decoded string
+            counts = pc.value_counts(pid.filter(pc.is_in(kind.indices, pa.array(codes, kind.indices.type))).drop_null())
+            for row in counts.to_pylist():
+                self.cpu_pids[row["values"]] = self.cpu_pids.get(row["values"], 0) + row["counts"]
+        self.devices.update(pc.unique(batch.column("device").drop_null()).to_pylist())
+
+    def main_pid(self) -> int | None:
+        """The process that ran most CPU operators (the training process); the first seen on a tie."""
+        if not self.cpu_pids:
+            return None
+        return int(max(self.cpu_pids.items(), key=lambda item: item[1])[0])
+
+
+def _count_codes(column: pa.DictionaryArray, codes: list[int]) -> int:
+    if not codes:
+        return 0
+    return int(pc.sum(pc.is_in(column.indices, pa.array(codes, column.indices.type))).as_py() or 0)
 
 
 def _float_timestamps(events: list[Any]) -> bool:
@@ -228,22 +329,6 @@ def _split_document(path: Path, data: bytes) -> tuple[dict[str, Any], msgspec.Ra
     return header, events
 
 
-def _event_batches(path: Path, array: msgspec.Raw | bytes) -> Iterator[tuple[int, tuple[list[Any], bool]]]:
-    """(index of the first event, ``decode_events``' answer) for the whole array or for batches of it."""
-    if len(array) <= DIRECT_DECODE_BYTES:
-        yield 0, decode_events(path, array, 0)
-        return
-    try:
-        slices = _raw_list.decode(array)
-    except msgspec.DecodeError as exc:
-        raise TraceFormatError(
-            f"{path}: invalid JSON in traceEvents ({exc}); the file is truncated or corrupt"
-        ) from exc
-    for offset in range(0, len(slices), BATCH_EVENTS):
-        chunk = b"[" + b",".join(slices[offset : offset + BATCH_EVENTS]) + b"]"
-        yield offset, decode_events(path, chunk, offset)
-
-
 def _era(categories: set[str | None], float_ts: bool, header: dict[str, Any]) -> str:
     if categories & _ERA_2021:
         return "2021"
@@ -252,7 +337,9 @@ def _era(categories: set[str | None], float_ts: bool, header: dict[str, Any]) ->
     return "2022"
 
 
-def _parsed_rank(path: Path, header: dict[str, Any], table: pa.Table, era: str, source_bytes: int) -> ParsedRank:
+def _parsed_rank(
+    path: Path, header: dict[str, Any], events: pa.Table | EventsFile, facts: _RankFacts, era: str
+) -> ParsedRank:
     dist: _DistributedInfo | None = header.pop("distributedInfo", None)
     devices: list[_DeviceProperties] = header.pop("deviceProperties", None) or []
     if dist is not None and dist.nccl_version:
@@ -261,45 +348,26 @@ def _parsed_rank(path: Path, header: dict[str, Any], table: pa.Table, era: str, 
     return ParsedRank(
         rank=dist.rank if dist is not None else None,
         rank_source="distributedInfo" if dist is not None and dist.rank is not None else "",
-        events=table,
+        events=events,
         file=path,
         file_bytes=path.stat().st_size,
         format="kineto",
         world_size=dist.world_size if dist is not None else None,
         backend=dist.backend if dist is not None else None,
         host=host if isinstance(host, str) else None,
-        pid=_main_pid(table),
-        device_name=_device_name(table, devices),
+        pid=facts.main_pid(),
+        device_name=_device_name(facts.devices, devices),
         schema_era=era,
         process_groups=list(dist.pg_config or []) if dist is not None else [],
         metadata=header,
-        source_bytes=source_bytes,
+        source_bytes=facts.source_bytes,
     )
 
 
-def _main_pid(table: pa.Table) -> int | None:
-    """The process that ran most CPU operators (the training process). ``kind`` is dictionary-encoded
-    (``events_to_batch``): the code of ``cpu_op`` is compared, not every decoded string."""
-    pids = []
-    for batch in table.to_batches():
-        kind, pid = batch.column("kind"), batch.column("pid")
-        codes = [i for i, value in enumerate(kind.dictionary.to_pylist()) if value == "cpu_op"]
-        if codes:
-            pids.append(pid.filter(pc.is_in(kind.indices, pa.array(codes, kind.indices.type))))
-    if not pids:
-        return None
-    counts = pc.value_counts(pa.chunked_array(pids).drop_null())
-    if len(counts) == 0:
-        return None
-    best = max(counts.to_pylist(), key=lambda c: c["counts"])
-    return int(best["values"])
-
-
-def _device_name(table: pa.Table, devices: list[_DeviceProperties]) -> str | None:
+def _device_name(used: set[int], devices: list[_DeviceProperties]) -> str | None:
     """Name of the GPU the rank's kernels ran on (deviceProperties lists every visible GPU)."""
     if not devices:
         return None
-    used = pc.unique(table["device"].drop_null()).to_pylist()
     for d in devices:
         if d.id in used and d.name:
             return d.name

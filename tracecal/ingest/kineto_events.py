@@ -193,7 +193,7 @@ _NULL_INT64 = pa.scalar(None, _INT64)
 """The NULL of ``pc.if_else`` on int64 columns: a bare None is a null-typed scalar that if_else must
 first unify with the column's type (a process's first call 510 against 160 µs, later ones 33 against 8)."""
 _DICT = pa.dictionary(pa.int32(), pa.string())
-_BATCH_SCHEMA = pa.schema(
+BATCH_SCHEMA = pa.schema(
     [pa.field(f.name, _DICT) if f.type == pa.string() and f.name != "run_id" else f for f in _EVENTS_SCHEMA]
 )
 """What ``events_to_batch`` returns: ``EVENTS``, its text columns (but ``run_id``) dictionary-encoded."""
@@ -203,7 +203,7 @@ _COMM_COLUMNS = (
     "coll_seq", "src_rank", "dst_rank",
 )  # fmt: skip
 """The collective columns ``_comm_columns`` fills: all NULL (typed) when no event carries a collective arg."""
-_COMM_TYPES = {name: _BATCH_SCHEMA.field(name).type for name in _COMM_COLUMNS}
+_COMM_TYPES = {name: BATCH_SCHEMA.field(name).type for name in _COMM_COLUMNS}
 _INDEX_IN_PATH = re.compile(r"^\$\[(\d+)\]")
 # Event types made by defstruct are variables to mypy, hence the ignores.
 _strict_decoder = msgspec.json.Decoder(list[StrictEvent])
@@ -244,7 +244,7 @@ def decode_events(path: Path, array: bytes | memoryview, offset: int) -> tuple[l
 def events_to_batch(
     path: Path, events: list[Any], offset: int, strict: bool = False, seen: set[str | None] | None = None
 ) -> pa.RecordBatch:
-    """Complete (``ph`` X) events of one decoded list -> a record batch of ``_BATCH_SCHEMA``.
+    """Complete (``ph`` X) events of one decoded list -> a record batch of ``BATCH_SCHEMA``.
 
     ``strict``: the events are ``StrictEvent`` (``decode_events`` says). Text columns are
     dictionary-encoded; ``run_id`` and ``rank`` are left null for the loader. ``seen``, when
@@ -318,7 +318,7 @@ def events_to_batch(
         "block": block,
     }
     columns.update(_comm_columns(core))
-    return pa.RecordBatch.from_arrays([columns[f.name] for f in _BATCH_SCHEMA], schema=_BATCH_SCHEMA)
+    return pa.RecordBatch.from_arrays([columns[f.name] for f in BATCH_SCHEMA], schema=BATCH_SCHEMA)
 
 
 def _complete_positions(events: list[Any], strict: bool) -> np.ndarray:

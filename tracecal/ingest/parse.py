@@ -9,11 +9,13 @@ from tracecal.ingest.discover import trace_format
 from tracecal.ingest.trace import ParsedRank
 
 
-def parse_trace_file(path: Path) -> list[ParsedRank]:
+def parse_trace_file(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
     """Parse one trace file, dispatching on its suffix.
 
     Kineto JSON (``.json``, ``.json.gz``) gives one rank; an Nsight export (``.sqlite``,
-    ``.sqlite.gz``, ``.nsys-rep``) may give several (one per process/GPU in the file).
+    ``.sqlite.gz``, ``.nsys-rep``) may give several (one per process/GPU in the file). With
+    ``spill_dir``, a rank too large to hold has its events written to a Parquet file there
+    (``ParsedRank.events`` is then an ``EventsFile``, which the caller deletes after loading it).
 
     Raises:
         TraceFormatError: the file is not a trace tracecal reads, or is damaged.
@@ -23,7 +25,7 @@ def parse_trace_file(path: Path) -> list[ParsedRank]:
     if fmt == "kineto":
         from tracecal.ingest.kineto import parse_kineto_file
 
-        return [parse_kineto_file(path)]
+        return [parse_kineto_file(path, spill_dir)]
     if fmt == "nsys":
         from tracecal.ingest.nsys import parse_nsys_file
 

@@ -68,7 +68,7 @@ import pyarrow as pa
 from tracecal.errors import TracecalError, WorkerError
 from tracecal.ingest.discover import TraceFile
 from tracecal.ingest.parse import parse_trace_file
-from tracecal.ingest.trace import ParsedRank
+from tracecal.ingest.trace import EventsFile, ParsedRank
 
 OnError = Literal["raise", "skip"]
 _Parsed = Generator[tuple[TraceFile, list[ParsedRank]], None, None]
@@ -120,6 +120,8 @@ _LOCK_POLL_SECONDS = 0.1
 _CLOSE_SECONDS = 1.0
 """How long ``close`` waits for an idle helper to leave before terminating it."""
 
+_SPILL_PREFIX = "tracecal-spill-"
+
 _SPOOL_PREFIX = "tracecal-parse-"
 """Spool directories are named ``tracecal-parse-<pid of the pool's process>-<random>``."""
 
@@ -139,7 +141,7 @@ class _Helper:
 
 
 # What a helper sends per file: (run, file index, shipped ranks or None, error or None).
-_Shipped = tuple[dict[str, Any], "str | pa.Table"]
+_Shipped = tuple[dict[str, Any], "str | pa.Table | EventsFile"]
 _Reply = tuple[int, int, "list[_Shipped] | None", "BaseException | None"]
 
 
@@ -158,6 +160,7 @@ class ParserPool:
         self._run = 0
         self._active: int | None = None  # the run being parsed (dispatched, not yet stopped)
         self._broken: str | None = None
+        self._spill: Path | None = None
 
     @property
     def helper_pids(self) -> list[int]:
@@ -190,9 +193,19 @@ class ParserPool:
                 helper.process.terminate()
                 helper.process.join()
             helper.conn.close()
-        if self._spool is not None:
-            shutil.rmtree(self._spool, ignore_errors=True)
-            self._spool = None
+        for directory in (self._spool, self._spill):
+            if directory is not None:
+                shutil.rmtree(directory, ignore_errors=True)
+        self._spool = self._spill = None
+
+    @property
+    def spill_dir(self) -> Path:
+        """Where parsers write the events of ranks too large to hold (a temporary directory on disk,
+        made on first use and removed by ``close``)."""
+        if self._spill is None:
+            self._spill = Path(tempfile.mkdtemp(prefix=_SPILL_PREFIX))
+            weakref.finalize(self, shutil.rmtree, self._spill, True)
+        return self._spill
 
     def start(self) -> ParserPool:
         """Import the parser (``_PRELOAD``: this process needs it too, and so its import is not part
@@ -224,7 +237,7 @@ class ParserPool:
             ours, theirs = context.Pipe()
             process = context.Process(  # type: ignore[attr-defined]
                 target=_helper_main,
-                args=(slot, theirs, self._lock, self._state, str(self._spool)),
+                args=(slot, theirs, self._lock, self._state, str(self._spool), str(self.spill_dir)),
                 name=f"tracecal-parser-{slot + 1}",
                 daemon=True,
             )
@@ -273,10 +286,9 @@ class ParserPool:
         for trace_file in files:
             yield trace_file, self._parse_here(trace_file, on_error, skipped)
 
-    @staticmethod
-    def _parse_here(trace_file: TraceFile, on_error: OnError, skipped: list[Skipped]) -> list[ParsedRank]:
+    def _parse_here(self, trace_file: TraceFile, on_error: OnError, skipped: list[Skipped]) -> list[ParsedRank]:
         try:
-            return parse_trace_file(trace_file.path)
+            return parse_trace_file(trace_file.path, self.spill_dir)
         except TracecalError as exc:
             if on_error == "raise":
                 raise
@@ -434,7 +446,7 @@ def _remove_stale_spools(parent: Path) -> None:
             pass
 
 
-def _helper_main(slot: int, conn: Connection, lock: Any, state: Any, spool: str) -> None:
+def _helper_main(slot: int, conn: Connection, lock: Any, state: Any, spool: str, spill: str) -> None:
     """A helper process: for each run it is sent, parse the files it claims until none is left."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the caller's to handle (it stops us)
     _warm_up(Path(spool))
@@ -456,7 +468,7 @@ def _helper_main(slot: int, conn: Connection, lock: Any, state: Any, spool: str)
                 state[_SLOTS + slot] = index
             reply: _Reply
             try:
-                parsed = parse_trace_file(paths[index])  # looked up at call time (tests patch it)
+                parsed = parse_trace_file(paths[index], Path(spill))  # looked up at call time (tests patch it)
                 reply = (run, index, [_ship(r, Path(spool), next(names)) for r in parsed], None)
                 del parsed
             except Exception as exc:  # sent to the caller, which raises or skips it
@@ -512,6 +524,8 @@ def _ship(rank: ParsedRank, spool: Path, number: int) -> _Shipped:
     """A parsed rank for the pipe: its small fields, and its events as the name of an Arrow IPC
     stream file in the spool (or, if that cannot be written, the table itself, pickled)."""
     fields = {f.name: getattr(rank, f.name) for f in dataclasses.fields(rank) if f.name != "events"}
+    if isinstance(rank.events, EventsFile):  # already on disk
+        return fields, rank.events
     path = spool / f"{os.getpid()}-{number}.arrows"
     try:
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, rank.events.schema) as writer:
@@ -536,9 +550,9 @@ def _receive(shipped: _Shipped) -> ParsedRank:
 
 def _discard(shipped: list[_Shipped] | None) -> None:
     for _, events in shipped or ():
-        if isinstance(events, str):
+        if isinstance(events, (str, EventsFile)):
             with contextlib.suppress(OSError):
-                os.unlink(events)
+                os.unlink(events.path if isinstance(events, EventsFile) else events)
 
 
 def _portable(exc: Exception) -> BaseException:

@@ -14,6 +14,22 @@ import pyarrow as pa
 
 
 @dataclass(frozen=True)
+class EventsFile:
+    """A rank's events in a Parquet file: ``EVENTS`` columns, ``run_id`` and ``rank`` null. A parser
+    that streams a rank too large to hold writes it; whoever loads it deletes it.
+
+    Attributes:
+        path: the Parquet file.
+        rows: events in it.
+        kernels: events of kind ``kernel``.
+    """
+
+    path: Path
+    rows: int
+    kernels: int
+
+
+@dataclass(frozen=True)
 class ParsedRank:
     """One rank's trace after parsing.
 
@@ -22,7 +38,8 @@ class ParsedRank:
             from the path and records ``rank_source``).
         rank_source: where ``rank`` came from (``distributedInfo``, ``path``, ``nvtx``, ``nsys_order``).
         events: record batches conforming to ``tracecal.schema.EVENTS`` with ``run_id`` left null
-            (the loader fills it); ``event_id`` is the event's index within the rank.
+            (the loader fills it), or an ``EventsFile`` holding them; ``event_id`` is the event's
+            index within the rank.
         file: the source file.
         file_bytes: size of the file on disk.
         format: ``kineto`` or ``nsys``.
@@ -38,7 +55,7 @@ class ParsedRank:
 
     rank: int | None
     rank_source: str
-    events: pa.Table
+    events: pa.Table | EventsFile
     file: Path
     file_bytes: int
     format: str

@@ -195,6 +195,10 @@ class DecodeHandoff:
             return
         self._tables.append(events.select([c for c in DECODE_COLUMNS if c in events.schema.names]))
 
+    def keep_none(self) -> None:
+        """Events were stored without passing through ``keep`` (read from a file): decode reads the run back."""
+        self._tables = None
+
     def events(self) -> pl.DataFrame | None:
         """Every kept event with the ``DECODE_COLUMNS`` as read back from ``events`` (same types,
         absent columns NULL, dictionary-encoded strings decoded); None when over the budget."""

@@ -43,7 +43,7 @@ from tracecal.ingest.discover import (
 )
 from tracecal.ingest.pool import OnError, ParserPool, Parsing, Skipped
 from tracecal.ingest.reconstruct import RebuiltRun, rebuild_run
-from tracecal.ingest.trace import ParsedRank
+from tracecal.ingest.trace import EventsFile, ParsedRank
 from tracecal.schema import RANKS, RUN_TABLES, RUNS, arrow_schema
 from tracecal.sql.decoding import DecodeHandoff, DecodeSummary, StoredRun, decode_stored_run
 
@@ -320,7 +320,10 @@ class _StoredRanks:
                     "remove the duplicate or ingest them as separate runs"
                 )
             self.owners[rank] = trace_file.path
-            self._queue(_with_ids(rank_trace.events, self.run_id, rank))
+            if isinstance(rank_trace.events, EventsFile):
+                self._insert_file(rank_trace.events, rank)
+            else:
+                self._queue(_with_ids(rank_trace.events, self.run_id, rank))
             row = _rank_row(rank, rank_trace)
             self.rows.append({**row, "rank_source": rank_source})
             self.events += row["events"]
@@ -338,6 +341,20 @@ class _StoredRanks:
         self.pending_rows += events.num_rows
         if self.pending_rows >= INSERT_BATCH_ROWS:
             self.flush()
+
+    def _insert_file(self, events: EventsFile, rank: int) -> None:
+        """Insert a rank's events from the Parquet file its parser streamed them into, then delete it."""
+        self.flush()
+        self.handoff.keep_none()
+        self.threads.before_insert(events.rows)
+        try:
+            self.con.execute(
+                "INSERT INTO events BY NAME SELECT * REPLACE ($run_id AS run_id, $rank::INTEGER AS rank) "
+                "FROM read_parquet($path)",
+                {"run_id": self.run_id, "rank": rank, "path": str(events.path)},
+            )
+        finally:
+            events.path.unlink(missing_ok=True)
 
     def flush(self) -> None:
         """Insert the waiting events (one statement) and drop them."""
@@ -452,11 +469,10 @@ def _resolve_rank(trace_file: TraceFile, parsed: ParsedRank, ranks_in_file: int,
 
 def _rank_row(rank: int, parsed: ParsedRank) -> dict[str, Any]:
     """The ``ranks`` row of one parsed rank (without ``run_id`` and ``rank_source``)."""
-    kinds = parsed.events["kind"]
-    if pa.types.is_dictionary(kinds.type):  # count the code, not the decoded strings
-        kernels = sum(_dictionary_count(chunk, "kernel") for chunk in kinds.chunks)
+    if isinstance(parsed.events, EventsFile):
+        rows, kernels = parsed.events.rows, parsed.events.kernels
     else:
-        kernels = pc.sum(pc.equal(kinds, "kernel")).as_py() or 0
+        rows, kernels = parsed.events.num_rows, _kernels(parsed.events)
     return {
         "rank": rank,
         "file": str(parsed.file),
@@ -466,9 +482,18 @@ def _rank_row(rank: int, parsed: ParsedRank) -> dict[str, Any]:
         "device_name": parsed.device_name,
         "backend": parsed.backend,
         "schema_era": parsed.schema_era,
-        "events": parsed.events.num_rows,
+        "events": rows,
         "kernels": kernels,
     }
+
+
+def _kernels(events: pa.Table) -> int:
+    kinds = events["kind"]
+    if pa.types.is_dictionary(kinds.type):  # count the code, not the decoded strings
+        kernels = sum(_dictionary_count(chunk, "kernel") for chunk in kinds.chunks)
+    else:
+        kernels = pc.sum(pc.equal(kinds, "kernel")).as_py() or 0
+    return int(kernels)
 
 
 def _dictionary_count(chunk: pa.DictionaryArray, value: str) -> int:
