@@ -419,10 +419,11 @@ def _plan_stage(
     # kernel took the name from a neighbouring position (the published decoder aligns by position)
     fwd, bwd = (
         rows.with_columns(
-            pl.when((pl.col("outer_op") == SCOPE["tp_reduce"]) & pl.col("coll").is_null())
+            pl.when((pl.col(op) == SCOPE["tp_reduce"]) & pl.col("coll").is_null())
             .then(None)
-            .otherwise(pl.col("outer_op"))
-            .alias("outer_op")
+            .otherwise(pl.col(op))
+            .alias(op)
+            for op in ("outer_op", "inner_op")
         )
         for rows in (fwd, bwd)
     )
