@@ -473,14 +473,8 @@ def _p2p(rows: pl.DataFrame, key: str, direction: str) -> pl.DataFrame:
 
 def _recv_of(send: pl.DataFrame) -> pl.DataFrame:
     """The receives matching a send table: its point-to-point kernels, received into a buffer."""
-    return (
-        send.filter(pl.col("coll") == "sendrecv")
-        .with_columns(
-            pl.lit("recv").alias("_dir"),
-            pl.lit("nccl:recv").alias("inner_op"),
-            pl.lit(None, pl.String).alias("outer_op"),
-        )
-        .drop("_dir")
+    return send.filter(pl.col("coll") == "sendrecv").with_columns(
+        pl.lit("nccl:recv").alias("inner_op"), pl.lit(None, pl.String).alias("outer_op")
     )
 
 
