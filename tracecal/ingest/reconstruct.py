@@ -20,8 +20,8 @@ ordinary Kineto-style events, so decode, storage and replay are those of every r
   a collective joined by several stages (a send and its receive, the model-parallel all-reduces) starts
   when the last member arrives and lasts the shortest member's measured time, the others having waited.
 
-CPU operators are laid out as a compact program ahead of the GPU (never the bottleneck), nested in the
-DeepSpeed scopes that name the measured modules (``tracecal.decode.modules``). Everything is documented in
+The events of each rank are written by ``tracecal.ingest.rebuilt_trace``: a compact CPU program ahead
+of the GPU (never the bottleneck), nested in the DeepSpeed frames that name the measured modules. Everything is documented in
 ``docs/published-runs.md``.
 """
 
@@ -37,7 +37,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from tracecal.errors import TraceFormatError
 from tracecal.ingest.decoded_run import DecodedRun, occurrences, read_decoded_run
@@ -45,27 +44,8 @@ from tracecal.ingest.discover import ParallelLayout
 from tracecal.ingest.gpumodeling25_tables import MODULE_TIMES_KEY, NEOX_LOG_KEY
 from tracecal.ingest.neox_log import NeoxLog, parse_neox_log
 from tracecal.ingest.pipeline_schedule import stage_instructions
+from tracecal.ingest.rebuilt_trace import GROUPS, PRECISION_TYPES, SCOPE, rank_events, types_for
 from tracecal.ingest.trace import ParsedRank
-from tracecal.schema import EVENTS, arrow_schema
-
-SCOPE = {
-    "train_batch": "deepspeed/runtime/pipe/engine.py: train_batch",
-    "forward": "deepspeed/runtime/pipe/engine.py: _exec_forward_pass",
-    "stage_forward": "deepspeed/runtime/pipe/module.py: forward",
-    "backward": "deepspeed/runtime/pipe/engine.py: _exec_backward_pass",
-    "layer_forward": "deepspeed/runtime/activation_checkpointing/checkpointing.py: forward",
-    "layer_backward": "CheckpointFunctionBackward",
-    "send_activation": "deepspeed/runtime/pipe/engine.py: _exec_send_activations",
-    "recv_activation": "deepspeed/runtime/pipe/engine.py: _exec_recv_activations",
-    "send_grad": "deepspeed/runtime/pipe/engine.py: _exec_send_grads",
-    "recv_grad": "deepspeed/runtime/pipe/engine.py: _exec_recv_grads",
-    "reduce_grads": "deepspeed/runtime/pipe/engine.py: _exec_reduce_grads",
-    "optimizer_step": "deepspeed/runtime/pipe/engine.py: _exec_optimizer_step",
-    "all_gather": "deepspeed/runtime/utils.py: all_gather_all_partitions",
-    "tp_reduce": "_ReduceFromModelParallelRegion",
-}
-"""The DeepSpeed/GPT-NeoX frames the rebuilt CPU program nests its operators in (as a ``with_stack``
-trace names them, without line numbers)."""
 
 _MODULE_SPAN = {"fwd": "stage_fwd", "bwd": "stage_bwd", "reduce_grads": "dp_allreduce", "optimizer_step": "optimizer"}
 """The run-level measured module whose mean span pins the gaps of each table (``occurrences``)."""
@@ -77,7 +57,6 @@ _KERNEL_DTYPE = re.compile(r"_(?P<t>half|float|double|bfloat16|uint8_t|int8_t|in
 _NCCL_DTYPES = {"half": "Half", "float": "Float", "double": "Double", "bfloat16": "BFloat16", "uint8_t": "Byte"}
 """Kernel-name element types kept as they are; an ``int8_t`` kernel moves bytes of tensors of the run's
 precision (send/recv and all-gather buffers)."""
-_PRECISION_TYPES = {"fp16": ("c10::Half", "Half"), "bf16": ("c10::BFloat16", "BFloat16"), "fp32": ("float", "Float")}
 SMALL_ALLREDUCE_ELEMENTS = 64
 """All-reduces of at most this many elements in the optimizer step are the ZeRO flag/norm reductions."""
 
@@ -197,7 +176,7 @@ def _elements(dims: str | None) -> int | None:
 
 def _kernel_rows(table: pl.DataFrame, n_occurrences: float, shape: RunShape) -> pl.DataFrame:
     """A kernel table as rows in stream order, with true gaps, activity kind and collective attributes."""
-    _, nccl_default = _PRECISION_TYPES.get(shape.precision, _PRECISION_TYPES["fp16"])
+    _, nccl_default = PRECISION_TYPES.get(shape.precision, PRECISION_TYPES["fp16"])
     coll = table["kernel"].str.extract(_COLLECTIVE.pattern, 1).str.to_lowercase()
     kernel_type = table["kernel"].str.extract(_KERNEL_DTYPE.pattern, 1)
     return table.select(
@@ -334,12 +313,12 @@ def _share_send_transfers(blocks: dict[tuple[str, str], pl.DataFrame]) -> None:
 
 
 def _misaligned_mask(rows: pl.DataFrame, shape: RunShape, misaligned: MisalignedFn) -> np.ndarray:
-    aten_type, _ = _PRECISION_TYPES.get(shape.precision, _PRECISION_TYPES["fp16"])
+    aten_type, _ = PRECISION_TYPES.get(shape.precision, PRECISION_TYPES["fp16"])
     frame = rows.select(
         pl.col("inner_op").alias("cpu_op_name"),
         pl.col("inner_dims").alias("input_dims"),
         pl.col("inner_dims")
-        .map_elements(lambda d: _types_for(d, aten_type), return_dtype=pl.String)
+        .map_elements(lambda d: types_for(d, aten_type), return_dtype=pl.String)
         .alias("input_types"),
         pl.col("kernel").alias("kernel_name"),
         "dur_ns",
@@ -356,17 +335,6 @@ def _clear_cpu_ops(rows: pl.DataFrame, mask: np.ndarray) -> pl.DataFrame:
             for c in ("outer_op", "outer_dims", "inner_op", "inner_dims")
         )
     )
-
-
-def _types_for(dims: str | None, aten_type: str) -> str | None:
-    """Input types of an operator whose tables lost them: the run's precision for every tensor."""
-    if not dims:
-        return None
-    try:
-        parsed = json.loads(dims)
-    except ValueError:
-        return None
-    return json.dumps([aten_type if isinstance(d, list) and d else "Scalar" for d in parsed])
 
 
 def _stage_layers(
@@ -563,148 +531,6 @@ def layout(plans: list[pl.DataFrame]) -> list[tuple[np.ndarray, np.ndarray]]:
             raise TraceFormatError(f"the rebuilt pipeline stages wait for each other forever at {stuck[:4]}")
 
 
-_PY_FRAME = re.compile(r"\.py(\(\d+\))?: |^<built-in method ")
-"""Names of Python frames (``with_stack``), stored as ``python_function`` events."""
-
-_RUNTIME_CALL = {"kernel": "cudaLaunchKernel", "memcpy": "cudaMemcpyAsync", "memset": "cudaMemsetAsync"}
-_GPU_CATEGORY = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
-_KINETO_COLL = {"allreduce": "allreduce", "allgather": "_allgather_base", "reducescatter": "_reduce_scatter_base"}
-_OPEN_NS, _CLOSE_NS, _CALL_NS, _CALL_STEP_NS = 200, 200, 1_000, 1_200
-"""CPU program timing: every operator and call is short and the program runs ahead of the GPU."""
-_BASE_NS = 1_000_000_000
-"""The rebuilt iteration's CPU program starts at this time on every rank's (common) clock."""
-
-
-class _Events:
-    """Column lists of one rank's events, appended in program order."""
-
-    def __init__(self) -> None:
-        self.cols: dict[str, list] = {c: [] for c in EVENTS.column_names}
-
-    def add(self, **values: object) -> int:
-        event_id = len(self.cols["event_id"])
-        values["event_id"] = event_id
-        for name, column in self.cols.items():
-            column.append(values.get(name))
-        return event_id
-
-    def set(self, event_id: int, **values: object) -> None:
-        for name, value in values.items():
-            self.cols[name][event_id] = value
-
-    def table(self) -> pa.Table:
-        return pa.Table.from_pydict(self.cols, schema=arrow_schema(EVENTS))
-
-
-def _chain(row: dict, aten_type: str) -> list[tuple[tuple, str, str, str | None, str | None]]:
-    """The CPU frames a row's launch is nested in, outermost first: (identity, name, kind, dims, types)."""
-    ins, layer = row["instruction"], row["layer"]
-    chain: list[tuple[tuple, str, str, str | None, str | None]] = [
-        (("train_batch",), SCOPE["train_batch"], "python_function", None, None),
-        (("ins", ins), SCOPE[row["scope"]], "python_function", None, None),
-    ]
-    if row["scope"] == "forward":
-        chain.append((("stage", ins), SCOPE["stage_forward"], "python_function", None, None))
-    if layer is not None:
-        forward = row["scope"] == "forward"
-        name = SCOPE["layer_forward"] if forward else SCOPE["layer_backward"]
-        chain.append((("layer", ins, layer), name, "python_function" if forward else "cpu_op", None, None))
-    outer, inner = row["outer_op"], row["inner_op"]
-    if layer is not None:  # the table's own record of the layer frame is the frame opened above
-        outer = None if outer is not None and outer.endswith(chain[-1][1]) else outer
-        inner = None if inner is not None and inner.endswith(chain[-1][1]) else inner
-    if outer is not None and outer != inner:
-        kind = "python_function" if _PY_FRAME.search(outer) else "cpu_op"
-        chain.append((("outer", ins, layer, row["outer_id"], outer), outer, kind, row["outer_dims"], None))
-    if row["extra_scope"] is not None and row["extra_scope"] != outer:
-        chain.append((("extra", ins, layer, row["_run"]), row["extra_scope"], "cpu_op", None, None))
-    if inner is not None:
-        types = _types_for(row["inner_dims"], aten_type)
-        chain.append((("inner", ins, layer, row["inner_id"], inner), inner, "cpu_op", row["inner_dims"], types))
-    return chain
-
-
-def _rank_events(plan: pl.DataFrame, start: np.ndarray, end: np.ndarray, stage: int, shape: RunShape) -> pa.Table:
-    """The events of one rebuilt rank: its CPU program (scopes, operators, launches) and GPU activity."""
-    aten_type, _ = _PRECISION_TYPES.get(shape.precision, _PRECISION_TYPES["fp16"])
-    rank = shape.rank_of(stage)
-    pid, tid, stream = 100_000 + rank, 1, 7
-    ev = _Events()
-    marker = ev.add(
-        kind="user_annotation", category="user_annotation", name="ProfilerStep#1", ts_ns=_BASE_NS, pid=pid, tid=tid
-    )
-    plan = plan.with_columns(
-        (
-            pl.col("extra_scope").ne_missing(pl.col("extra_scope").shift(1))
-            | pl.col("instruction").ne_missing(pl.col("instruction").shift(1))
-        )
-        .cum_sum()
-        .alias("_run")
-    )
-    cursor = _BASE_NS + _OPEN_NS
-    stack: list[tuple[tuple, int]] = []  # (identity, event id) of the open frames
-    next_external = 1
-    launches: list[tuple[int, int, int]] = []  # per row: runtime correlation, external id, runtime event
-    for row in plan.iter_rows(named=True):
-        chain = _chain(row, aten_type)
-        keep = 0
-        while keep < min(len(stack), len(chain)) and stack[keep][0] == chain[keep][0]:
-            keep += 1
-        for _, event_id in reversed(stack[keep:]):
-            ev.set(event_id, dur_ns=cursor - ev.cols["ts_ns"][event_id])
-            cursor += _CLOSE_NS
-        stack = stack[:keep]
-        for identity, name, kind, dims, types in chain[keep:]:
-            event_id = ev.add(
-                kind=kind, category=kind, name=name, ts_ns=cursor, pid=pid, tid=tid,
-                external_id=next_external, input_dims=dims, input_types=types,
-            )  # fmt: skip
-            next_external += 1
-            stack.append((identity, event_id))
-            cursor += _OPEN_NS
-        op_external = ev.cols["external_id"][stack[-1][1]] if row["inner_op"] is not None else None
-        driver = row["inner_op"] is None and row["kind"] == "kernel"
-        call = "cuLaunchKernel" if driver else _RUNTIME_CALL[row["kind"]]
-        correlation = len(launches) + 1
-        kind = "cuda_driver" if driver else "cuda_runtime"
-        runtime = ev.add(
-            kind=kind, category=kind, name=call, ts_ns=cursor, dur_ns=_CALL_NS, pid=pid, tid=tid,
-            correlation=correlation, external_id=op_external,
-        )  # fmt: skip
-        launches.append((correlation, op_external or 0, runtime))
-        cursor += _CALL_STEP_NS
-    for _, event_id in reversed(stack):
-        ev.set(event_id, dur_ns=cursor - ev.cols["ts_ns"][event_id])
-        cursor += _CLOSE_NS
-    gpu_base = cursor + 10 * _CALL_STEP_NS
-    ev.set(marker, dur_ns=cursor - _BASE_NS)
-    groups = {kind: json.dumps(shape.group(stage, kind)) for kind in ("tp", "dp", "pp", "mp")}
-    for (correlation, external, _), row, s, e in zip(launches, plan.iter_rows(named=True), start, end, strict=True):
-        coll = row["coll"]
-        coll_args: dict[str, object] = {}
-        if coll is not None:
-            group = row["group"] or "tp"
-            size = len(shape.group(stage, group))
-            nelems = row["nelems"]
-            coll_args = {
-                "coll_name": _KINETO_COLL.get(coll, coll),
-                "in_msg_nelems": nelems,
-                "out_msg_nelems": nelems * size if coll == "allgather" and nelems is not None else nelems,
-                "group_size": 2 if coll in ("send", "recv") else size,
-                "coll_dtype": row["coll_dtype"],
-                "pg_name": f"{group}-{shape.group(stage, group)[0]}",  # unique per process group
-                "pg_ranks": groups[group],
-                "dst_rank": row["peer"] if coll == "send" else None,
-                "src_rank": row["peer"] if coll == "recv" else None,
-            }
-        ev.add(
-            kind=row["kind"], category=_GPU_CATEGORY[row["kind"]], name=row["kernel"], ts_ns=gpu_base + int(s),
-            dur_ns=int(e - s), pid=0, tid=stream, device=0, stream=stream, correlation=correlation,
-            external_id=external or None, **coll_args,
-        )  # fmt: skip
-    return ev.table()
-
-
 def reconstruct(run: DecodedRun, log: NeoxLog, misaligned: MisalignedFn | None = None) -> Reconstruction:
     """Rebuild one iteration of every pipeline stage of a decoded run as rank traces.
 
@@ -721,7 +547,14 @@ def reconstruct(run: DecodedRun, log: NeoxLog, misaligned: MisalignedFn | None =
         ParsedRank(
             rank=shape.rank_of(s),
             rank_source="reconstruction",
-            events=_rank_events(plan, st, en, s, shape),
+            events=rank_events(
+                plan,
+                st,
+                en,
+                rank=shape.rank_of(s),
+                groups={k: shape.group(s, k) for k in GROUPS},
+                aten_type=PRECISION_TYPES.get(shape.precision, PRECISION_TYPES["fp16"])[0],
+            ),
             file=run.job_dir / ("0" if s == 0 else "2" if s == shape.pp - 1 else "1"),
             file_bytes=0,
             format="gpumodeling25",
