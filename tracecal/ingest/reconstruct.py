@@ -21,8 +21,8 @@ ordinary Kineto-style events, so decode, storage and replay are those of every r
   when the last member arrives and lasts the shortest member's measured time, the others having waited.
 
 The events of each rank are written by ``tracecal.ingest.rebuilt_trace``: a compact CPU program ahead
-of the GPU (never the bottleneck), nested in the DeepSpeed frames that name the measured modules. Everything is documented in
-``docs/published-runs.md``.
+of the GPU (never the bottleneck), nested in the DeepSpeed frames that name the measured modules.
+Everything is documented in ``docs/published-runs.md``.
 """
 
 from __future__ import annotations
