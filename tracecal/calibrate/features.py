@@ -1,6 +1,6 @@
 """Regressor features per op family, derived from the shape columns traced operators and samples share.
 
-The same function serves both sides of the product's join (SPEC §6.2): a frame of ``samples`` rows or
+The same function serves both sides of the product's join (docs/calibration.md#features): a frame of ``samples`` rows or
 of ``operators`` / ``collectives`` rows carries ``schema.SHAPE_COLUMNS`` / ``schema.COMM_COLUMNS``, and
 ``feature_frame(frame, family)`` turns it into the numeric matrix a regressor sees. Shape columns alone
 only let a model interpolate inside the sampled grid; the derived physics (flops, bytes moved,
@@ -50,7 +50,7 @@ BUSBW_FACTOR_STEPS = {
     "send": (lambda n: 1.0 + 0 * n, lambda n: 1.0 + 0 * n),
     "recv": (lambda n: 1.0 + 0 * n, lambda n: 1.0 + 0 * n),
 }
-"""nccl-tests definitions (SPEC §4): ring steps a message takes and the busbw factor."""
+"""nccl-tests definitions (docs/calibration.md#features): ring steps a message takes and the busbw factor."""
 
 NCCL_CHUNK_BYTES = 512 * 1024
 """NCCL's Simple-protocol step (default ``NCCL_BUFFSIZE`` 4 MiB / ``NCCL_STEPS`` 8): a message moves in

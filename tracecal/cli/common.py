@@ -39,7 +39,7 @@ def warn(message: str) -> None:
 
 
 def show_progress() -> bool:
-    """Progress bars only on an interactive terminal (SPEC §2)."""
+    """Progress bars only on an interactive terminal, so logs and pipes get no control codes."""
     return sys.stderr.isatty()
 
 

@@ -116,4 +116,4 @@ def iterations(
                 f"{b['ranks']} ranks)"
             )
         if report.clocks.num_rows > 1:
-            render_arrow("clock alignment (SPEC §5.5)", report.clocks)
+            render_arrow("clock alignment", report.clocks)

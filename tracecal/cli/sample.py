@@ -210,7 +210,7 @@ def comm(
 
 
 def _reflag(con: Any, cluster: str) -> dict[str, int]:
-    """Judge the new samples together with the cluster's others (quality flags, SPEC §6.3)."""
+    """Judge the new samples together with the cluster's others (docs/samples.md#quality-flags)."""
     from tracecal.samplers.quality import reflag_cluster
 
     return reflag_cluster(con, cluster)

@@ -26,7 +26,7 @@ def import_(
     fmt: Annotated[str, typer.Option("--format", help="gpumodeling25 or parquet.")] = "gpumodeling25",
     db: DbOption = None,
 ) -> None:
-    """Import samples measured elsewhere: the published GPUModeling25 CSVs (SPEC §6.4), or Parquet
+    """Import samples measured elsewhere: the published GPUModeling25 CSVs (see docs/samples.md), or Parquet
     written by `tracecal samples export`. Re-importing replaces; a bad file writes nothing."""
     from tracecal.sql.connection import open_database
 

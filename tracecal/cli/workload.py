@@ -13,7 +13,7 @@ from tracecal.samplers.workload import WorkloadConfig, run_local
 _D = WorkloadConfig()
 
 app = typer.Typer(
-    help="The reference training workload: real multi-rank PP/TP/DP traces on any machine (SPEC §9).",
+    help="The reference training workload: real multi-rank PP/TP/DP traces on any machine (see docs/workload.md).",
     no_args_is_help=True,
 )
 

@@ -1,14 +1,15 @@
 """Cross-rank steps on the small per-run frames: match collectives, align clocks, best iteration (pure).
 
-Matching (SPEC §5.5): the same collective instance on every member rank gets one ``match_id``; by the
+Matching (docs/decode.md#matching): the same collective instance on every member rank gets one ``match_id``; by the
 trace's sequence number / comms id when present, else by order of appearance within the process
 group on each rank. Send/recv pair by (group, sender, receiver, order). An instance is matched only
 when at least two ranks recorded it and they agree on the collective's name.
 
-Clock alignment: collective ends are near-simultaneous on all members, so each rank's offset is the
-median over its matched instances of (instance centre − own end), iterated so that ranks linked only
-through chains of groups converge; offsets are then shifted so the lowest rank has 0. The residual
-is the median absolute difference between a rank's aligned ends and the instance centres.
+Clock alignment (docs/decode.md#clock-alignment): collective ends are near-simultaneous on all
+members, so each rank's offset is the median over its matched instances of (instance centre − own
+end), iterated so that ranks linked only through chains of groups converge; offsets are then shifted
+so the lowest rank has 0. The residual is the median absolute difference between a rank's aligned
+ends and the instance centres.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def match_collectives(collectives: pl.DataFrame) -> pl.DataFrame:
     Returns:
         The same rows with ``match_id`` (int64; NULL when unmatched), deterministic for a given input.
     """
-    # one lazy plan (six eager frame operations cost 2 ms of fixed cost on a run's few hundred rows)
+    # one lazy plan: six eager frame operations would each pay a plan's fixed cost on a few hundred rows
     c = collectives.lazy().with_row_index("_row")
     p2p = pl.col("name").is_in(["send", "recv"]) & pl.col("peer").is_not_null()
     sender = pl.when(pl.col("name") == "send").then(pl.col("rank")).otherwise(pl.col("peer"))
@@ -98,7 +99,7 @@ def clock_offsets(collectives: pl.DataFrame, ranks: list[int], iterations: int =
             {"rank": ranks, "clock_offset_ns": [0] * len(ranks), "clock_residual_ns": [None] * len(ranks)},
             schema=schema,
         )
-    # series and numpy from here: each frame operation plans a query first (0.2-0.5 ms on a few rows)
+    # series and numpy from here: each frame operation plans a query first, a fixed cost that dominates on a few rows
     matched = collectives.get_column("match_id").is_not_null()
     m = pl.DataFrame([collectives.get_column(c).filter(matched) for c in ("rank", "match_id", "end_ns")])
     if m.height == 0:
@@ -161,7 +162,7 @@ def apply_offsets(
 
     Every rank of ``iterations`` and ``collectives`` has a row in ``offsets`` (a rank without one
     gets NULL aligned times). The offsets map ranks to shifts (a run has a few ranks): series
-    operations, no query plan (three ``with_columns`` cost 0.7-1 ms on every trace).
+    operations, no query plan (whose fixed cost outweighs the work).
     """
     shifts = {
         rank: offset or 0
@@ -182,11 +183,11 @@ def apply_offsets(
 
 
 def best_iteration(iterations: pl.DataFrame) -> pl.DataFrame:
-    """The run's best iteration: min over iterations of the slowest rank's span (SPEC §5.4).
+    """The run's best iteration: min over iterations of the slowest rank's span (docs/decode.md#iterations).
 
     Only iterations recorded on every rank compete (when there is at least one such iteration).
-    A run has a few to a few hundred iteration rows: grouped in Python (the group-by plan cost
-    0.6-0.9 ms of fixed cost on every trace).
+    A run has a few to a few hundred iteration rows: grouped in Python, cheaper than a group-by
+    plan's fixed cost.
 
     Returns:
         One row: iteration, dur_ns (the slowest rank's span), slowest_rank, ranks; empty if no iterations.

@@ -1,4 +1,4 @@
-"""Phase (SPEC §5.2) and component (SPEC §5.3) of every operator of one rank, pure.
+"""Phase and component of every operator of one rank, pure (rules: docs/decode.md#phases, #components).
 
 Phase evidence, strongest first, evaluated where the CPU launched the work (``launch_ns`` on the
 launching thread):
@@ -156,9 +156,8 @@ def phases_plan(events: pl.DataFrame, operators: pl.DataFrame, names: NameIndex 
         .alias("phase")
     )
     # position in the iteration for operators without evidence
-    # window expressions, not a group-by joined back: the self-join cost 0.8 ms of the 2.2 ms of this
-    # plan on sampled_2_of_128 (2 358 operators), the windows next to nothing (rows outside every
-    # iteration form their own window, which ``positional`` never reads)
+    # window expressions, not a group-by joined back: the self-join dominated this plan's cost (rows
+    # outside every iteration form their own window, which ``positional`` never reads)
     when = pl.coalesce("launch_ns", "ts_ns")
     bwd_when = pl.when(pl.col("phase") == "bwd").then(when)
     out = out.with_columns(
@@ -182,13 +181,13 @@ def phases_plan(events: pl.DataFrame, operators: pl.DataFrame, names: NameIndex 
 
 
 def _one_of(column: str, values: tuple[str, ...]) -> pl.Expr:
-    """``pl.col(column).is_in(values)`` inside ``when`` as comparisons: an ``is_in`` costs 0.25 ms of
-    fixed cost per plan, a comparison microseconds."""
+    """``pl.col(column).is_in(values)`` inside ``when`` as comparisons, which avoid the fixed per-plan
+    cost of an ``is_in``."""
     return pl.any_horizontal(pl.col(column) == value for value in values)
 
 
 def component_expr() -> pl.Expr:
-    """Component (SPEC §5.3) from ``family``, ``phase`` and the collective ``role`` columns."""
+    """Component (docs/decode.md#components) from ``family``, ``phase`` and the collective ``role`` columns."""
     return (
         pl.when(pl.col("family") == "comm")
         .then(

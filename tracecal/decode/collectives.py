@@ -146,7 +146,7 @@ def parse_ranks(text: str | None) -> list[int] | None:
 
 
 def role_of_group(ranks: list[int] | None, layout: Layout) -> str | None:
-    """Role of a process group from its global ranks and the run's layout (SPEC §5.3).
+    """Role of a process group from its global ranks and the run's layout (docs/decode.md#components).
 
     Megatron orders ranks TP fastest, then DP, then PP: a TP group is ``tp`` consecutive ranks, a DP
     group ``dp`` ranks with stride ``tp``, a PP group ``pp`` ranks with stride ``tp·dp``. The
@@ -181,7 +181,7 @@ SCOPE_ROLES = (
     ("ep", r"(?i)\bmoe\b|expert"),
 )
 """Framework scopes (any operator or annotation enclosing the launch on its thread) that say a
-collective's role when its process group does not (SPEC §5.3)."""
+collective's role when its process group does not (docs/decode.md#components)."""
 _DIRECTIONS = (("_next", r"(?i)send_activations|recv_grads"), ("_prev", r"(?i)recv_activations|send_grads"))
 """Pipeline scopes that say which neighbour stage a send/recv talks to."""
 
@@ -241,8 +241,7 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | 
 
     Row i is ``inst``'s row i. One query plan (the lanes' ranges with their args, so the enclosing
     ranges' args are a row take, not a join against all events); the rest is numpy and frame takes.
-    With the other per-instance helpers returning aligned rows too (hstacked, not joined on uid),
-    ``rank_collectives`` went from 13.6 to 10.9 ms CPU on gloo, 9.0 to 7.7 ms on sampled.
+    The other per-instance helpers return aligned rows too, so they are hstacked, not joined on uid.
     """
     attr_types = [events.schema[c] for c in _ATTRS]
     n = inst.height
@@ -254,7 +253,7 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | 
     if not active:  # no context names in the batch (a trace without record_param_comms, annotations, c10d)
         return pl.DataFrame([s for tag, _, _ in _CONTEXT for s in unknown(tag)])
     # lane ``tag``: the context's index (an integer sorts fast). The kinds' names are disjoint, so one
-    # pass over the events tags them all (a filter per kind took 0.8 ms on sampled, one pass 0.5 ms)
+    # pass over the events tags them all, cheaper than a filter per kind
     lane_tag = pl.coalesce(
         pl.when((pl.col("kind") == _CONTEXT[i][1]) & names_like(events, _CONTEXT[i][2], names)).then(
             pl.lit(i, dtype=pl.Int8)
@@ -277,7 +276,7 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | 
     at[found.get_column("qid").filter(hit).to_numpy()] = rows_of(
         iv.get_column("id").to_numpy(), ids.filter(hit).to_numpy()
     )
-    # frame takes and numpy: no query plan (a series gather or extend runs one: 40-70 us each)
+    # frame takes and numpy: no query plan (a series gather or extend runs one each)
     attrs = pl.DataFrame([iv.get_column(c) for c in _ATTRS])
     columns = []
     for i, (tag, _, _) in enumerate(_CONTEXT):
@@ -340,8 +339,7 @@ def _link_cpu_work(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
     capture) has no launch.
 
     Python lists after one query plan (the calls and the ranges' Input Dims): a gloo rank has tens
-    of ranges and calls, and each frame operation on them cost 0.2-0.5 ms (``rank_collectives`` on
-    gloo: 10.7 -> 7.3 ms CPU).
+    of ranges and calls, fewer than a frame operation's fixed cost is worth.
     """
     is_call = (pl.col("kind") == "cpu_op") & pl.col("name").str.starts_with("c10d::")
     found = (
@@ -545,7 +543,7 @@ def rank_collectives(
     nccl = nccl_api_fields(events, inst, names)
     own_of = {row[0]: dict(zip(own.columns[1:], row[1:], strict=True)) for row in own.iter_rows()}
     no_own = dict.fromkeys(own.columns[1:])
-    # the rest per instance in Python: a plan joining and coalescing these tens of rows cost ~1 ms
+    # the rest per instance in Python: a plan joining and coalescing these tens of rows costs more
     records = []
     for r in inst.hstack(context).hstack(scope).hstack(nccl).iter_rows(named=True):
         r.update(own_of.get(r["uid"], no_own))
@@ -642,8 +640,7 @@ def rank_collectives(
                 "_order": r["launch_ns"] if not r["on_gpu"] and r["launch_ns"] is not None else r["ts_ns"],
             }
         )
-    # group key, end and order within the group in Python as well: a plan sorting these tens of
-    # rows cost 0.7 ms
+    # group key, end and order within the group in Python as well, for the same reason
     for rec in records:
         recorded = (rec["pg_name"], rec["pg_ranks"], rec["_inferred"])
         rec["group_key"] = next((key for key in recorded if key is not None), "default")

@@ -133,10 +133,10 @@ def _sweep_order(
 ) -> np.ndarray:
     """``np.lexsort((tie, neg_dur, order, t, *reversed(lanes)))``, the same permutation from fewer sorts.
 
-    A lexsort sorts once per key (seven here: 1.9 ms of a 3.3 ms sweep on dlrm_8rank's runtime
-    calls); the lanes, time and order packed into one key (``_packed``) sort once, and only the rows
-    that share a packed key (intervals starting together) are sorted further, by ``neg_dur`` and
-    ``tie``. Stable throughout, as the lexsort is.
+    A lexsort sorts once per key (seven here, most of a sweep's cost); the lanes, time and order
+    packed into one key (``_packed``) sort once, and only the rows that share a packed key (intervals
+    starting together) are sorted further, by ``neg_dur`` and ``tie``. Stable throughout, as the
+    lexsort is.
     """
     packed = _packed(lanes, t, order) if len(t) else None
     if packed is None:
@@ -326,8 +326,8 @@ def launch_points(frame: pl.DataFrame) -> pl.DataFrame:
     ``cpu_tid`` known): ``rank``, ``pid``, ``tid``, ``t`` the launch, ``qid`` the row's number in
     ``frame`` (an answer is put back by row, no join on ids).
 
-    Series operations: a frame operation plans a query first (0.3-1 ms, more than the tens to
-    thousands of rows it is asked for here)."""
+    Series operations: a frame operation plans a query first, which costs more than the tens to
+    thousands of rows it is asked for here."""
     launch, tid = frame.get_column("launch_ns"), frame.get_column("cpu_tid")
     launched = launch.is_not_null() & tid.is_not_null()
     return pl.DataFrame(
@@ -419,7 +419,7 @@ class NameIndex:
     On the rows of the indexed frame itself (``names_like`` with that frame) the answer is a mask
     column: each row's name is coded once as its place among the distinct names (an enum cast),
     and a pattern's mask is a lookup of its flags per distinct name, where an ``is_in`` in a plan
-    costs 0.15-0.4 ms of fixed cost per use. The mask has the frame's rows: it stands in a plan over
+    has a fixed cost per use. The mask has the frame's rows: it stands in a plan over
     the frame before any filter.
     """
 
@@ -465,8 +465,8 @@ class NameIndex:
     def like(self, pattern: str, column: str = "name") -> pl.Expr:
         """``pl.col(column).str.contains(pattern)`` for a column whose values are names of this batch
         (``name``, or an operator's ``cpu_op_name``); NULL stays NULL."""
-        # imploded inside the expression (``is_in`` wants a list): a Python list of the hits and a
-        # Series built from it cost 0.25 ms per match of sampled_2_of_128's 403 names, this 0.04
+        # imploded inside the expression (``is_in`` wants a list): cheaper per match than a Python
+        # list of the hits and a Series built from it
         return pl.col(column).is_in(pl.lit(self._hits(pattern)).implode())
 
     def rows_like(self, pattern: str) -> pl.Expr:

@@ -94,7 +94,7 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
     # each regex once per distinct name; the collectives' context patterns only when the batch has
     # instances, the metadata-op pattern only when it has CPU-only ranks (compiling and running a
-    # regex costs 0.1-0.4 ms, more in a fresh process)
+    # regex has a fixed cost, more in a fresh process)
     first = [marker or DEFAULT_MARKER, *link.NAME_PATTERNS, *classify.NAME_PATTERNS, *collectives.INSTANCE_PATTERNS]
     if len(gpu_ranks) == len(all_ranks):
         first.remove(link.METADATA_OPS)

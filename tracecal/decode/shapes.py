@@ -1,4 +1,4 @@
-"""Op families (SPEC §5.1) and shape features (SPEC §6.2) from operator names, Input Dims and Input type.
+"""Op families and shape features from operator names, Input Dims and Input type (docs/decode.md#families).
 
 This module is the join between traced operators and microbenchmark samples: the decoder calls it on
 ``operators`` and the samplers/calibration call the same functions on samples, so a feature means the
@@ -44,7 +44,7 @@ FAMILIES = (
     "comm",
     "other",
 )
-"""Every family an operator can have (SPEC §5.1)."""
+"""Every family an operator can have (docs/decode.md#families)."""
 
 # Ordered rules: the first family whose CPU-op pattern matches wins; if no CPU-op pattern matches,
 # the first family whose kernel pattern matches wins. Order matters: attention before softmax
@@ -119,7 +119,7 @@ _COMPILED = tuple((fam, re.compile(cpu), re.compile(ker)) for fam, cpu, ker in _
 
 
 def family_of(cpu_op_name: str | None, kernel_name: str | None = None, kind: str | None = None) -> str:
-    """The op family (SPEC §5.1) of one operator.
+    """The op family (docs/decode.md#families) of one operator.
 
     Args:
         cpu_op_name: the innermost CPU operator (``aten::mm``), or a sample's op; None if unlinked.
@@ -169,7 +169,7 @@ def with_family(
     The rule runs a few dozen regexes; operators repeat a few dozen to a few hundred (op, kernel,
     kind) triples, so it runs once per distinct triple (``family_of``, cached) and is joined back.
     Python's regexes are compiled when this module is imported; ``family_expr`` makes polars compile
-    its 21 on first use in every process, 10-15 ms, more than matching a trace's triples in Python.
+    its 21 on first use in every process, which costs more than matching a trace's triples in Python.
     """
     keys = [cpu_op_name, kernel_name, kind]
     table = frame.select(keys).unique()
@@ -194,9 +194,9 @@ _KERNEL_FAMILIES: dict[str, tuple[bool, str | None]] = {}
 kernel steps, kept for the process (kernel names repeat across traces of a workload)."""
 POLARS_KERNEL_CHARS = 8192
 """From this many characters of new kernel names on, their patterns run in polars: Python's regex
-engine takes 0.2-0.5 ms per kilobyte of names for the pattern set, polars compiles the 11 patterns
-once per process (2-5 ms). A CPU-only rank's "kernel" names are its short operator names (gloo:
-35 names, 0.4 KB: 0.4 ms in Python against 2 ms for polars in a fresh process)."""
+engine's cost grows with the names, while polars pays a fixed cost to compile the 11 patterns once
+per process, so short name sets (a CPU-only rank's "kernel" names are its short operator names) stay
+in Python."""
 
 
 def _kernel_families(kernel_names: Sequence[str]) -> None:
@@ -419,7 +419,7 @@ def shape_row(
     input_types: str | list[Any] | None,
     concrete_inputs: str | list[Any] | None = None,
 ) -> dict[str, Any]:
-    """The SHAPE_COLUMNS of one operator (SPEC §6.2); NULL (None) where not derivable.
+    """The SHAPE_COLUMNS of one operator (docs/decode.md#families); NULL (None) where not derivable.
 
     Args:
         name: CPU operator name (``aten::mm``, ``aten::_scaled_dot_product_flash_attention``, ...).
@@ -595,9 +595,8 @@ def family_shape_table(
     both answers from one pass over the distinct keys instead of two distinct/join rounds."""
     keys = [name, kernel_name, kind, input_dims, input_types, concrete_inputs]
     distinct = frame.lazy().select(keys).unique().collect(engine=ENGINE)  # one plan, not two
-    # column lists in and Series out, not rows: on sampled_2_of_128's 710 distinct keys the frame
-    # built from row tuples cost 0.73 ms, the Series 0.30 ms (and ``to_list`` per column is cheaper
-    # than ``iter_rows``)
+    # column lists in and Series out, not rows: cheaper than a frame built from row tuples (and
+    # ``to_list`` per column is cheaper than ``iter_rows``)
     ops, kernels, kinds, dims, types, concrete = (s.to_list() for s in distinct.get_columns())
     families = _families(list(zip(ops, kernels, kinds, strict=True)))
     rows = [_shape_row_cached(op or "", *rest) for op, *rest in zip(ops, dims, types, concrete, strict=True)]

@@ -127,11 +127,11 @@ def _argmax(values: Sequence[float | None]) -> int | None:
 
 
 def edited_stages(module: str, measured: Times, measured_old: Times | None, measured_min: Times | None) -> list[bool]:
-    """Per stage: was ``measured[module]`` edited by hand (§8.4 of the seed notes)?
+    """Per stage: was ``measured[module]`` edited by hand (docs/published-runs.md#prediction-and-validation)?
 
     A value differs from the pre-edit file, or contradicts the min file: the min file found nothing on
     that stage while the average holds a value, or the average lies below the minimum (neither can come
-    out of averaging occurrences; 1 µs of slack covers the min file's integer rounding)."""
+    out of averaging occurrences; a microsecond of slack covers the min file's integer rounding)."""
     now = _as_list(measured.get(module))
     old = _as_list(measured_old.get(module)) if measured_old and module in measured_old else now
     low = _as_list(measured_min.get(module)) if measured_min and module in measured_min else now

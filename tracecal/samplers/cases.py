@@ -9,7 +9,7 @@ What a sample times (the contract calibrate relies on):
   the published samples (a ``linear1`` sample's ``B_dur`` belongs to the forward shape).
 
 Dimension names per op are in ``OP_SPECS[...].dims`` (required) and ``.defaults`` (optional). Families
-follow SPEC §5.1: gemm, attention, softmax, norm, elementwise, embedding, loss, optimizer.
+follow docs/decode.md#families: gemm, attention, softmax, norm, elementwise, embedding, loss, optimizer.
 
 torch is imported inside the builders only (heavy; the CLI imports this module lazily anyway).
 """
@@ -297,7 +297,7 @@ def _build_optimizer(op: str) -> Builder:
             opt, impl = cls(params, lr=1e-4, foreach=True), "foreach"
             opt.step()
         # That first step allocated exp_avg/exp_avg_sq untimed: a training run times steady-state steps
-        # (the published sampler timed a freshly constructed optimizer, SPEC §6.5).
+        # (the published sampler timed a freshly constructed optimizer).
         return opt.step, [], {"implementation": impl}
 
     return build

@@ -8,10 +8,11 @@ Run it on a cluster under torchrun (NCCL on GPUs, gloo on CPUs)::
 or on one machine without torchrun: ``comm_launch.spawn_local(settings, world_size)`` (``tracecal sample
 comm``) forks ``world_size`` gloo processes on localhost. This module samples; ``comm_launch`` starts ranks.
 
-Timing (SPEC §6.1): for every (collective, size) each rank runs ``warmup`` untimed calls, then for
-each repeat all ranks meet at a barrier and time one call (CUDA events on GPU, ``perf_counter_ns`` on
-CPU). The per-repeat durations are all-reduced with MAX, so repeat *i* is the slowest rank's time of
-call *i*; median, min and IQR over repeats are the sample. Rank 0 returns/writes the rows.
+Timing (docs/samples.md#sampling-on-this-machine): for every (collective, size) each rank runs
+``warmup`` untimed calls, then for each repeat all ranks meet at a barrier and time one call (CUDA
+events on GPU, ``perf_counter_ns`` on CPU). The per-repeat durations are all-reduced with MAX, so
+repeat *i* is the slowest rank's time of call *i*; median, min and IQR over repeats are the sample.
+Rank 0 returns/writes the rows.
 
 Sizes follow nccl-tests: ``size_bytes`` is the buffer of all_reduce/broadcast, the *total* (gathered)
 buffer for all_gather, the total input for reduce_scatter and all_to_all, and the message for

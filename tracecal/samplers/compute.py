@@ -58,8 +58,8 @@ class ComputeSettings:
     source_file: str | None = None
     threads: int | None = 1
     """CPU only: torch intra-op threads while sampling (None = torch's default). One by default: on a
-    shared or loaded machine, multi-threaded kernels wait for descheduled workers and a 10 µs softmax
-    measures 16 ms; set it to the thread count of the workload the samples should model."""
+    shared or loaded machine, multi-threaded kernels wait for descheduled workers and short kernels
+    measure the wait; set it to the thread count of the workload the samples should model."""
     autograd: bool = True
     """Forward samples record the autograd graph, as training forward calls do; False times them
     under ``no_grad`` (inference), recorded in the sample id and ``params_json``."""

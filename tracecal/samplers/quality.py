@@ -1,4 +1,6 @@
-"""Quality flags: find implausible microbenchmark samples before they reach calibration (SPEC §6.3, §6.5).
+"""Quality flags: find implausible microbenchmark samples before they reach calibration.
+
+The rules are documented in docs/samples.md#quality-flags.
 
 ``flag_samples(frame)`` is a pure transform over a frame with the ``samples`` columns: it sets
 ``quality_flag`` to ``"<reason>: <detail>"`` on implausible rows and leaves plausible ones NULL.
@@ -46,7 +48,8 @@ import polars as pl
 from tracecal.sql.samples import read_samples, write_samples
 
 MIN_COLLECTIVE_NS = 1_000.0
-"""No collective across two or more ranks completes in under 1 µs (NCCL's latency is ~5 µs intra-node)."""
+"""No collective across two or more ranks completes faster than this: it is below NCCL's intra-node
+latency."""
 
 MAX_BUSBW_GBPS = 2_000.0
 """Implied bus bandwidth above this is a failed measurement, not a fast link (NVLink 5 is 900 GB/s

@@ -1,4 +1,6 @@
-"""Import the published GPUModeling25 microbenchmark CSVs as samples (SPEC §6.4).
+"""Import the published GPUModeling25 microbenchmark CSVs as samples.
+
+The rules are in docs/samples.md#importing-the-published-gpumodeling25-csvs.
 
 A directory holds compute files ``<GPU>_<op>_<precision>.csv`` (shape columns plus ``F_dur(us)`` and
 ``B_dur(us)``, or one ``dur(us)``) and/or NCCL files ``<GPU>_<op>_<precision>[_<N>_<G>].csv``
@@ -10,7 +12,7 @@ Every CSV row becomes one sample per direction (fwd from ``F_dur``, bwd from ``B
 ``dur`` is stored as fwd). ``op`` is the published name, ``family`` and the shape features come from
 ``gpumodeling25_ops``, ``source = 'imported:gpumodeling25'``, ``source_file`` the file name,
 ``params_json`` the CSV row, ``device_name`` the file name's GPU. The published value is the mean of
-the 3rd–7th fastest of 10 profiled iterations (seed_algorithm §5.3), stored as ``median_ns``;
+the 3rd–7th fastest of 10 profiled iterations (the published sampler's rule), stored as ``median_ns``;
 ``min_ns``, ``iqr_ns`` and ``repeats`` are unknown and stay NULL. Comm samples: ``size_bytes`` per
 ``nccl_size_bytes``, ``group_size = nodes·GPUsPerNode``, and ``pooled`` tells pooled files (true) from
 per-topology ones (false): a calibration must use one or the other, or it counts rows twice.

@@ -1,7 +1,8 @@
 """What each published GPUModeling25 microbenchmark measured, as our families and shape features.
 
-One entry per op file name (SPEC §6.4, seed_algorithm §5.1): the CSV columns it must have, our
-family, and a function from one CSV row to the ``SHAPE_COLUMNS`` of the forward call it timed.
+One entry per op file name (docs/samples.md#importing-the-published-gpumodeling25-csvs): the CSV
+columns it must have, our family, and a function from one CSV row to the ``SHAPE_COLUMNS`` of the
+forward call it timed.
 
 Features are filled by ``tracecal.decode.shapes.shape_row`` from the aten call the op is made of (its
 Input Dims as a trace would record them), so an imported sample and a traced operator of the same
@@ -17,7 +18,7 @@ shape get the same M/N/K, elements, flops and io_bytes. Conventions the publishe
 - ``RoPE`` is elementwise over ``[l, b, heads/t, h/heads]`` (input and output counted in io_bytes);
 - ``softmax``, ``fillmask`` and ``ScaledUpperTriangMaskedSoftmax`` rows get ``hidden`` = the softmax
   row length ``l`` and ``tokens`` = rows (``b·heads/t·l``), as a traced ``aten::_softmax`` does;
-- stage optimizers: FusedAdam over the toy stage of seed_algorithm §5.1, recorded as the TensorList
+- stage optimizers: FusedAdam over the published sampler's toy stage, recorded as the TensorList
   of its parameter tensors (Linear h→3h/t, h/t→h, h→4h/t, 4h/t→h with biases and two LayerNorms per
   encoder, plus the embedding for the first and a LayerNorm and the vocab projection for the last
   stage), so ``params`` = elements, ``batch`` = tensors and ``hidden`` = h as for a traced
@@ -122,7 +123,7 @@ def _flash(r: Row) -> Features:
     hp, d = _heads(r)
     q = [r["b"], r["l"], hp, d]  # Dao flash_attn layout [batch, seq, heads, head_dim]
     out = shape_row("flash_attn::_flash_attn_forward", [q, q, q], [HALF, HALF, HALF])
-    out["causal"] = False  # flash_attn_func was called without causal=True (seed §5.5)
+    out["causal"] = False  # flash_attn_func was called without causal=True (by the published sampler)
     return out
 
 
@@ -158,7 +159,7 @@ def _cross_entropy(r: Row) -> Features:
 
 
 def _encoder_tensors(h: int, t: int) -> list[list[int]]:
-    """Parameter tensors of one toy encoder (seed_algorithm §5.1): LayerNorm, Linear h→3h/t,
+    """Parameter tensors of one toy encoder of the published sampler's stage: LayerNorm, Linear h→3h/t,
     Linear h/t→h, LayerNorm, Linear h→4h/t, Linear 4h/t→h, every Linear with a bias (12 tensors)."""
     ln = [[h], [h]]
     t3, t4, ht = _div(3 * h, t, "3h/mp"), _div(4 * h, t, "4h/mp"), _div(h, t, "dim/mp")
@@ -230,7 +231,7 @@ COLLECTIVES: dict[str, str] = {
     "reducescatter": "reduce_scatter",
     "alltoall": "all_to_all",
     "broadcast": "broadcast",
-    "p2p": "send",  # rank 0 sends to the last rank; the timed op is c10d::send (seed §5.4)
+    "p2p": "send",  # rank 0 sends to the last rank; the timed op is c10d::send (as published)
 }
 """Published NCCL op stems (before an optional ``_large``) -> our normalised collective name."""
 

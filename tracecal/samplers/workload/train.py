@@ -40,19 +40,10 @@ def records_scalar_lists(device_type: str) -> bool:
     """Whether the workload's profiler records list arguments in Concrete Inputs on this device type:
     on CUDA yes (torch's default), on CPU no.
 
-    On CPU the lists cost the traced ops fresh pages: torch.profiler keeps each list argument
-    (``reshape``'s sizes, ``sum``'s dims, ...) as a small heap object until the trace is written, and
-    those objects land in the holes that freed activations leave in glibc's heap, so the next
-    activation no longer fits there and takes freshly mapped pages. Measured on one pp=1 rank of this
-    workload (2-core VM, torch 2.13 CPU; ``benchmarks/profiler_observer.py``): with lists a recorded
-    step took ~33 000 minor page faults, kept 127–140 MB more RSS and ran ``aten::gelu`` in
-    0.97–1.13 ms, ``aten::gelu_backward`` in 1.11–1.32 ms (median traced call); without them 5 000–8 500
-    faults, 6–33 MB, 0.32–0.44 ms and 0.49–0.67 ms, against 1 000–9 600 faults for an unprofiled step.
-    Scalars (``is_causal``, softmax ``dim``, a send's peer: what decode reads) are kept. What is lost
-    with the switch off: Input Dims of TensorList arguments (``aten::cat``, ``c10d::allreduce_`` — whose
-    size decode takes from the collective's own record —, foreach/fused optimizer kernels). The CPU
-    AdamW is a per-parameter loop of single-tensor ops; on CUDA, AdamW runs foreach/fused kernels over
-    TensorLists and activations live in the caching allocator (no fresh pages), so lists stay on."""
+    On CPU the lists' heap objects fragment glibc's heap, so traced ops take freshly mapped pages and
+    run slower than unprofiled; on CUDA activations live in the caching allocator and foreach/fused
+    AdamW needs the TensorList Input Dims the switch drops (see docs/workload.md, "Profiler settings";
+    figures from ``benchmarks/profiler_observer.py`` in benchmarks/RESULTS.md)."""
     return device_type != "cpu"
 
 
