@@ -231,33 +231,84 @@ def test_cuda_timing_orders_flush_events_and_sync(monkeypatch: pytest.MonkeyPatc
     assert durations == [0.5e6, 0.5e6]
 
 
-def test_profiler_timing_reads_the_calls_own_event_not_the_wall_time_around_it() -> None:
-    """Work outside the op's event (here 3 ms of Python before it) is in ``perf_counter``'s duration
-    but not in the profiler's, exactly as a CPU trace leaves it out of the operator's duration."""
-    import time
+def test_perf_counter_timing_is_the_clock_around_each_call_after_untimed_warmups(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``perf_counter`` times the whole call, warm-ups untimed: a fake clock that each call advances
+    by 5 ms (3 ms outside the op, 2 ms inside) gives exactly 5 ms per repeat."""
+    from types import SimpleNamespace
 
+    from tracecal.samplers import timing
+
+    now = [0]
+    calls: list[int] = []
+
+    def call() -> None:
+        calls.append(now[0])
+        now[0] += 5_000_000
+
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter_ns=lambda: now[0]))
+    assert timing.time_call(call, "cpu", warmup=2, repeats=3) == [5.0e6, 5.0e6, 5.0e6]
+    assert len(calls) == 5
+
+
+def test_profiler_timing_reads_the_calls_own_events_not_the_span_around_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work outside the op's event (3 ms of Python inside the 5 ms repeat marker) is not in the
+    profiler's duration: a repeat is the sum of the marker's direct children, exactly as a CPU trace
+    leaves it out of the operator's duration. The profiler is a fake, so no clock is read."""
     import torch
 
     from tracecal.samplers import timing
 
-    inner: list[float] = []  # the event's work per call, timed from inside
+    class Range:
+        def __init__(self, start_us: float, dur_us: float) -> None:
+            self.start, self._dur = start_us, dur_us
+
+        def elapsed_us(self) -> float:
+            return self._dur
+
+    class Ev:
+        def __init__(self, name: str, start_us: float, dur_us: float, children: list[Ev] | None = None) -> None:
+            self.name, self.time_range, self.cpu_children = name, Range(start_us, dur_us), children or []
+
+    recorded: list[Ev] = []
+    calls: list[bool] = []  # per call of fn: was it inside a repeat marker
+    in_mark = [False]
+
+    class Profile:
+        def __init__(self, **_: object) -> None:
+            pass
+
+        def __enter__(self) -> Profile:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+        def events(self) -> list[Ev]:
+            return list(reversed(recorded))  # order by start is the timer's job, not the profiler's
+
+    class RecordFunction:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __enter__(self) -> None:
+            in_mark[0] = True
+
+        def __exit__(self, *_: object) -> None:
+            in_mark[0] = False
+            i = len(recorded)
+            inner = [Ev("op::inner", 1000.0 * i + 3, 2000.0 + i), Ev("op::tail", 1000.0 * i + 3, 10.0)]
+            recorded.append(Ev(self.name, 1000.0 * i, 5000.0, inner))
 
     def call() -> None:
-        spin = time.perf_counter() + 0.003
-        while time.perf_counter() < spin:  # Python work outside any profiler event
-            pass
-        with torch.profiler.record_function("op::inner"):
-            start = time.perf_counter_ns()
-            time.sleep(0.002)
-            inner.append(time.perf_counter_ns() - start)
+        calls.append(in_mark[0])
 
-    wall = timing.time_call(call, "cpu", warmup=0, repeats=3)
-    assert all(d >= 5.0e6 for d in wall)
-    inner.clear()
+    monkeypatch.setattr(torch.profiler, "profile", Profile)
+    monkeypatch.setattr(torch.profiler, "record_function", RecordFunction)
     own = timing.time_call(call, "cpu", warmup=1, repeats=3, method="profiler")
-    assert len(own) == 3
-    for event, work in zip(own, inner[1:], strict=True):  # inner[0] is the warm-up call
-        assert work <= event < work + 0.5e6  # the 2 ms event (plus bookkeeping), not the 5 ms call
+    assert calls == [False, True, True, True]  # the warm-up runs under the profiler, outside any marker
+    assert own == [2010.0e3, 2011.0e3, 2012.0e3]  # the children, in repeat order, µs -> ns; not the 5 ms span
 
 
 def test_profiler_timing_leaves_list_recording_as_torch_has_it(tmp_path: Path) -> None:
