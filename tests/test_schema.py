@@ -8,7 +8,7 @@ import pyarrow as pa
 import pytest
 
 from tracecal.errors import SchemaError
-from tracecal.schema import TABLES, TABLES_DIR, arrow_schema, ddl
+from tracecal.schema import SHAPE_COLUMNS, TABLES, TABLES_DIR, arrow_schema, ddl, polars_schema
 from tracecal.sql import connection
 from tracecal.sql.connection import open_database
 
@@ -46,6 +46,20 @@ def test_arrow_schema_round_trips_through_duckdb(db_path: Path) -> None:
             con.register("frame", empty)
             con.execute(f"INSERT INTO {table.name} SELECT * FROM frame")
             assert con.execute(f"SELECT count(*) FROM {table.name}").fetchone() == (0,)
+
+
+def test_polars_schema_is_what_duckdb_hands_back_for_every_table(db_path: Path) -> None:
+    """One SQL -> polars map: a frame built with ``polars_schema`` has the types and column order a
+    query of the stored table returns."""
+    import polars as pl
+
+    with open_database(db_path) as con:
+        for table in TABLES:
+            stored = pl.from_arrow(con.sql(f"SELECT * FROM {table.name} LIMIT 0").to_arrow_table())
+            assert isinstance(stored, pl.DataFrame)
+            assert stored.schema == pl.Schema(polars_schema(table)), table.name
+    shapes = polars_schema(SHAPE_COLUMNS)
+    assert list(shapes) == [c.name for c in SHAPE_COLUMNS]
 
 
 def test_read_only_sessions_see_current_views_over_stale_stored_ones(db_path: Path) -> None:

@@ -3,7 +3,7 @@
 Everything else derives from this module:
 - the DDL in ``tracecal/sql/tables/*.sql`` is generated from it (``python -m tracecal.schema``) and a
   test fails when the committed files drift from it;
-- Arrow schemas for record batches (``arrow_schema(TABLE)``) and polars schemas come from it;
+- Arrow schemas for record batches (``arrow_schema(TABLE)``) and polars schemas (``polars_schema``) come from it;
 - ``tracecal sql`` users read the same docs through DuckDB's ``COMMENT ON COLUMN``.
 
 Conventions: times are int64 nanoseconds named ``*_ns``; sizes are bytes named ``*_bytes``; every
@@ -14,10 +14,15 @@ A missing value is NULL, never 0.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
+
+if TYPE_CHECKING:
+    import polars as pl
 
 SCHEMA_VERSION = 1
 """Bumped whenever a table changes incompatibly; stored in ``tracecal_meta``."""
@@ -479,6 +484,23 @@ _ARROW_TYPES: dict[str, pa.DataType] = {
 def arrow_schema(table: Table) -> pa.Schema:
     """The Arrow schema a record batch must have to be appended to ``table``."""
     return pa.schema([pa.field(c.name, _ARROW_TYPES[c.sql_type]) for c in table.columns])
+
+
+def polars_schema(columns: Table | Iterable[Column]) -> dict[str, pl.DataType]:
+    """The polars schema of ``columns`` (a table's, or a column group such as ``SHAPE_COLUMNS``), in
+    order: the one SQL -> polars type map, so frames built in Python match the stored table."""
+    import polars as pl  # here, not at the top: ``tracecal --help`` and ``tracecal sql`` stay fast
+
+    types: dict[str, pl.DataType] = {
+        "VARCHAR": pl.Utf8(),
+        "BIGINT": pl.Int64(),
+        "INTEGER": pl.Int32(),
+        "DOUBLE": pl.Float64(),
+        "BOOLEAN": pl.Boolean(),
+        "TIMESTAMP": pl.Datetime("us"),
+    }
+    cols = columns.columns if isinstance(columns, Table) else columns
+    return {c.name: types[c.sql_type] for c in cols}
 
 
 def _sql_string(text: str) -> str:

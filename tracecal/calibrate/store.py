@@ -39,7 +39,7 @@ from tracecal.calibrate.estimators import DurationRegressor, PhysicalBaseline, i
 from tracecal.calibrate.features import feature_frame
 from tracecal.calibrate.fitting import GroupKey, GroupResult, data_fingerprint
 from tracecal.errors import CalibrationError
-from tracecal.schema import MODELS
+from tracecal.schema import MODELS, polars_schema
 
 ARTIFACT_SCHEMA = 1
 """Bumped when the artifact layout changes; artifacts of another version must be recalibrated."""
@@ -182,7 +182,7 @@ def save_results(
                 "created_at": created_at,
             }
         )
-    frame = pl.DataFrame(rows, schema={c.name: _POLARS[c.sql_type] for c in MODELS.columns})
+    frame = pl.DataFrame(rows, schema=polars_schema(MODELS))
     con.execute("BEGIN TRANSACTION")
     try:
         stale = con.execute(
@@ -206,16 +206,6 @@ def save_results(
         if mid not in kept and path and Path(path).is_dir() and Path(path).parent == target.resolve():
             shutil.rmtree(path)
     return frame.height
-
-
-_POLARS: dict[str, Any] = {
-    "VARCHAR": pl.Utf8,
-    "INTEGER": pl.Int32,
-    "BIGINT": pl.Int64,
-    "DOUBLE": pl.Float64,
-    "BOOLEAN": pl.Boolean,
-    "TIMESTAMP": pl.Datetime("us"),
-}
 
 
 def _version_tuple(text: str) -> tuple[int, ...]:

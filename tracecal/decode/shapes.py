@@ -28,7 +28,7 @@ import orjson
 import polars as pl
 
 from tracecal.decode.nesting import ENGINE
-from tracecal.schema import SHAPE_COLUMNS
+from tracecal.schema import SHAPE_COLUMNS, polars_schema
 
 FAMILIES = (
     "gemm",
@@ -573,10 +573,7 @@ def _is_list_op(dims: list[Any]) -> bool:
     return bool(dims) and isinstance(dims[0], list) and bool(dims[0]) and all(_is_shape(x) for x in dims[0])
 
 
-_SHAPE_SCHEMA = {
-    c.name: {"BIGINT": pl.Int64, "BOOLEAN": pl.Boolean, "VARCHAR": pl.Utf8, "DOUBLE": pl.Float64}[c.sql_type]
-    for c in SHAPE_COLUMNS
-}
+_SHAPE_SCHEMA = polars_schema(SHAPE_COLUMNS)
 
 
 def family_shape_table(
