@@ -40,6 +40,7 @@ from tracecal.calibrate.features import feature_frame
 from tracecal.calibrate.fitting import GroupKey, GroupResult, data_fingerprint
 from tracecal.errors import CalibrationError
 from tracecal.schema import MODELS, polars_schema
+from tracecal.sql.connection import replace_rows
 
 ARTIFACT_SCHEMA = 1
 """Bumped when the artifact layout changes; artifacts of another version must be recalibrated."""
@@ -183,23 +184,14 @@ def save_results(
             }
         )
     frame = pl.DataFrame(rows, schema=polars_schema(MODELS))
-    con.execute("BEGIN TRANSACTION")
-    try:
-        stale = con.execute(
-            "SELECT model_id, artifact_path FROM models WHERE cluster = ? AND (?::VARCHAR IS NULL OR family = ?)",
-            [cluster, family, family],
-        ).fetchall()
-        con.execute(
-            "DELETE FROM models WHERE cluster = ? AND (?::VARCHAR IS NULL OR family = ?)", [cluster, family, family]
-        )
-        if frame.height:
-            con.register("_tracecal_new_models", frame.to_arrow())
-            con.execute(f"INSERT INTO models SELECT {', '.join(MODELS.column_names)} FROM _tracecal_new_models")
-            con.unregister("_tracecal_new_models")
-        con.execute("COMMIT")
-    except Exception:
-        con.execute("ROLLBACK")
-        raise
+    stale = replace_rows(
+        con,
+        MODELS,
+        frame.to_arrow(),
+        where="cluster = ? AND (?::VARCHAR IS NULL OR family = ?)",
+        params=[cluster, family, family],
+        returning=("model_id", "artifact_path"),
+    )
     kept = set(frame.get_column("model_id").to_list()) if frame.height else set()
     for mid, path in stale:
         # artifacts of groups that no longer exist; only directories this store wrote

@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from tracecal import __version__
 from tracecal.errors import InputNotFoundError, SchemaError
-from tracecal.schema import SCHEMA_VERSION, TABLES, TABLES_DIR
+from tracecal.schema import SCHEMA_VERSION, TABLES, TABLES_DIR, Table
 
 VIEWS_DIR = Path(__file__).parent / "views"
 
@@ -53,6 +53,50 @@ def query_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] 
         return pa.table({})
     to_arrow = getattr(relation, "to_arrow_table", None) or relation.arrow  # DuckDB 2.x / 1.x
     return to_arrow()
+
+
+NEW_ROWS = "_tracecal_new_rows"
+"""The name under which ``replace_rows`` shows its new rows to its ``where`` clause."""
+
+
+def replace_rows(
+    con: duckdb.DuckDBPyConnection,
+    table: Table,
+    rows: pa.Table | None,
+    *,
+    where: str,
+    params: Sequence[Any] = (),
+    returning: Sequence[str] = (),
+) -> list[tuple[Any, ...]]:
+    """Delete the rows of ``table`` that match ``where``, then insert ``rows``, in one transaction.
+
+    Either both happen or neither does. ``where`` is an SQL condition over ``table`` with ``?``
+    placeholders bound to ``params``; it may read the new rows as ``NEW_ROWS`` (an upsert by key:
+    ``f"sample_id IN (SELECT sample_id FROM {NEW_ROWS})"``). ``rows`` holds columns of ``table``,
+    matched by name (a column it lacks is NULL); None or no rows only deletes. Must not be called inside an
+    open transaction.
+
+    Returns:
+        The deleted rows' ``returning`` columns (none when ``returning`` is empty).
+    """
+    if rows is not None:
+        con.register(NEW_ROWS, rows)
+    try:
+        con.execute("BEGIN TRANSACTION")
+        try:
+            cut = f" RETURNING {', '.join(returning)}" if returning else ""
+            deleted = con.execute(f"DELETE FROM {table.name} WHERE {where}{cut}", list(params))
+            gone = deleted.fetchall() if returning else []
+            if rows is not None and rows.num_rows:
+                con.execute(f"INSERT INTO {table.name} BY NAME SELECT * FROM {NEW_ROWS}")  # name from schema
+            con.execute("COMMIT")
+        except BaseException:
+            con.execute("ROLLBACK")
+            raise
+    finally:
+        if rows is not None:
+            con.unregister(NEW_ROWS)
+    return gone
 
 
 def table_ddl_files() -> list[Path]:

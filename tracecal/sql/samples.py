@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from tracecal import __version__
 from tracecal.errors import InputNotFoundError, SampleError
 from tracecal.schema import SAMPLES, SCHEMA_VERSION, arrow_schema
-from tracecal.sql.connection import query_arrow
+from tracecal.sql.connection import NEW_ROWS, query_arrow, replace_rows
 
 QUERIES_DIR = Path(__file__).parent / "queries"
 
@@ -115,19 +115,7 @@ def write_samples(con: duckdb.DuckDBPyConnection, table: pa.Table, origin: str =
     conformed = conform_samples(table, origin)
     if conformed.num_rows == 0:
         return 0
-    view = "_tracecal_new_samples"
-    con.register(view, conformed)
-    try:
-        con.execute("BEGIN TRANSACTION")
-        try:
-            con.execute(f"DELETE FROM samples WHERE sample_id IN (SELECT sample_id FROM {view})")
-            con.execute(f"INSERT INTO samples SELECT * FROM {view}")
-            con.execute("COMMIT")
-        except BaseException:
-            con.execute("ROLLBACK")
-            raise
-    finally:
-        con.unregister(view)
+    replace_rows(con, SAMPLES, conformed, where=f"sample_id IN (SELECT sample_id FROM {NEW_ROWS})")
     return conformed.num_rows
 
 
