@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tracecal.cli.demo import neighbourhood
 from tracecal.cli.main import app
 from tracecal.samplers.grid import GridPoint
+from tracecal.samplers.plan import neighbourhood
 from tracecal.sql.connection import open_database
 
 
@@ -74,13 +74,13 @@ def test_the_device_decides_the_layout_and_a_missing_gpu_is_one_clear_line() -> 
 
 
 def test_gpu_samples_are_one_process_timed_with_cuda_events() -> None:
-    from tracecal.cli.demo import sample_settings
+    from tracecal.samplers.plan import run_settings
     from tracecal.samplers.timing import default_timing
 
-    gpu = sample_settings("cuda", "run", repeats=5, passes=3, processes=4)
+    gpu = run_settings("local", "cuda", "run", repeats=5, passes=3, processes=4)
     assert (gpu.device, gpu.processes, gpu.threads) == ("cuda", 1, None)
     assert default_timing(gpu.device) == "cuda_events" and gpu.timing is None
-    cpu = sample_settings("cpu", "run", repeats=2, passes=3, processes=2)
+    cpu = run_settings("local", "cpu", "run", repeats=2, passes=3, processes=2)
     assert (cpu.device, cpu.processes, cpu.threads, cpu.timing) == ("cpu", 2, 1, None)
 
 

@@ -1,4 +1,4 @@
-"""`tracecal sample compute|comm`: exit codes, messages, what lands in the database."""
+"""`tracecal samples measure compute|comm`: exit codes, messages, what lands in the database."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 from tracecal.cli.main import app
 
 runner = CliRunner()
+MEASURE = ["samples", "measure"]
 
 
 def _count(db: Path, where: str = "true") -> int:
@@ -21,17 +22,32 @@ def _count(db: Path, where: str = "true") -> int:
         con.close()
 
 
-def test_sample_help_lists_both_commands() -> None:
-    result = runner.invoke(app, ["sample", "--help"])
+def test_measure_help_lists_both_commands() -> None:
+    result = runner.invoke(app, ["samples", "measure", "--help"])
     assert result.exit_code == 0
     assert "compute" in result.output and "comm" in result.output
     for command in ("compute", "comm"):
-        sub = runner.invoke(app, ["sample", command, "--help"])
+        sub = runner.invoke(app, ["samples", "measure", command, "--help"])
         assert sub.exit_code == 0 and "--cluster" in sub.output
 
 
+def test_the_old_sample_spelling_still_runs_hidden_and_says_it_moved(db_path: Path) -> None:
+    """`tracecal sample compute|comm` is kept for one release: not in `tracecal --help`, and a
+    warning naming the new spelling, then the same command."""
+    top = runner.invoke(app, ["--help"])
+    assert top.exit_code == 0 and "samples" in top.output
+    assert not any(line.split()[:1] == ["sample"] for line in top.output.splitlines())
+    args = ["compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--dry-run", "--db", str(db_path)]
+    old = runner.invoke(app, ["sample", *args])
+    new = runner.invoke(app, [*MEASURE, *args])
+    assert old.exit_code == 0 and new.exit_code == 0
+    assert "`tracecal sample` is now `tracecal samples measure`" in old.output
+    assert "is now" not in new.output
+    assert "points to sample" in old.output and "points to sample" in new.output
+
+
 def test_compute_from_a_shipped_grid_then_resume(db_path: Path) -> None:
-    args = ["sample", "compute", "--cluster", "laptop", "--config", "ci", "--family", "softmax",
+    args = [*MEASURE, "compute", "--cluster", "laptop", "--config", "ci", "--family", "softmax",
             "--family", "norm", "--repeats", "2", "--warmup", "0", "--db", str(db_path)]  # fmt: skip
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
@@ -42,7 +58,7 @@ def test_compute_from_a_shipped_grid_then_resume(db_path: Path) -> None:
 
 
 def test_compute_timing_profiler_is_recorded_on_each_sample(db_path: Path) -> None:
-    args = ["sample", "compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--repeats", "2",
+    args = [*MEASURE, "compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--repeats", "2",
             "--warmup", "0", "--timing", "profiler", "--db", str(db_path)]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -50,7 +66,7 @@ def test_compute_timing_profiler_is_recorded_on_each_sample(db_path: Path) -> No
 
 
 def test_compute_passes_and_processes_reach_every_sample(db_path: Path) -> None:
-    args = ["sample", "compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--repeats", "2",
+    args = [*MEASURE, "compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--repeats", "2",
             "--warmup", "0", "--passes", "3", "--processes", "2", "--db", str(db_path)]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -71,7 +87,7 @@ def test_compute_passes_and_processes_reach_every_sample(db_path: Path) -> None:
 
 
 def test_compute_dtype_override_and_sharding(db_path: Path) -> None:
-    base = ["sample", "compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--repeats", "1",
+    base = [*MEASURE, "compute", "--cluster", "c", "--config", "ci", "--family", "softmax", "--repeats", "1",
             "--warmup", "0", "--dtype", "bfloat16", "--dtype", "float32", "--parts", "2",
             "--db", str(db_path)]  # fmt: skip
     assert runner.invoke(app, [*base, "--part", "1"]).exit_code == 0
@@ -94,13 +110,13 @@ def test_compute_dtype_override_and_sharding(db_path: Path) -> None:
     ],
 )
 def test_compute_bad_input_is_one_line_and_exit_2(db_path: Path, args: list[str], message: str) -> None:
-    result = runner.invoke(app, ["sample", "compute", "--cluster", "c", *args, "--db", str(db_path)])
+    result = runner.invoke(app, [*MEASURE, "compute", "--cluster", "c", *args, "--db", str(db_path)])
     assert result.exit_code == 2
     assert message in " ".join(result.output.split())
 
 
 def test_comm_spawns_gloo_ranks_and_stores_the_samples(db_path: Path) -> None:
-    args = ["sample", "comm", "--cluster", "laptop", "--sizes", "4K,64K", "--collectives", "all_reduce,send",
+    args = [*MEASURE, "comm", "--cluster", "laptop", "--sizes", "4K,64K", "--collectives", "all_reduce,send",
             "--repeats", "3", "--warmup", "1", "--db", str(db_path)]  # fmt: skip
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
@@ -111,9 +127,9 @@ def test_comm_spawns_gloo_ranks_and_stores_the_samples(db_path: Path) -> None:
 
 
 def test_comm_bad_input(db_path: Path) -> None:
-    result = runner.invoke(app, ["sample", "comm", "--cluster", "c", "--sizes", "big", "--db", str(db_path)])
+    result = runner.invoke(app, [*MEASURE, "comm", "--cluster", "c", "--sizes", "big", "--db", str(db_path)])
     assert result.exit_code == 2 and "size 'BIG' is not a byte count" in result.output
-    result = runner.invoke(app, ["sample", "comm", "--cluster", "c", "--collectives", "gossip", "--db", str(db_path)])
+    result = runner.invoke(app, [*MEASURE, "comm", "--cluster", "c", "--collectives", "gossip", "--db", str(db_path)])
     assert result.exit_code == 2 and "unknown collective 'gossip'" in result.output
 
 
@@ -122,14 +138,14 @@ def test_cuda_without_a_gpu_is_one_clear_error(db_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    args = ["sample", "compute", "--cluster", "c", "--config", "ci", "--device", "cuda", "--db", str(db_path)]
+    args = [*MEASURE, "compute", "--cluster", "c", "--config", "ci", "--device", "cuda", "--db", str(db_path)]
     result = runner.invoke(app, args)
     assert result.exit_code == 2
     assert "--device cuda given but torch sees no CUDA device; use --device cpu" in " ".join(result.output.split())
 
 
 def test_dry_run_counts_what_is_left_and_times_nothing(db_path: Path) -> None:
-    base = ["sample", "compute", "--cluster", "c", "--config", "ci", "--family", "norm", "--db", str(db_path)]
+    base = [*MEASURE, "compute", "--cluster", "c", "--config", "ci", "--family", "norm", "--db", str(db_path)]
     result = runner.invoke(app, [*base, "--dry-run"])
     assert result.exit_code == 0, result.output
     assert "c: 4 points to sample" in result.output and _count(db_path) == 0

@@ -374,3 +374,22 @@ def test_a_timing_method_the_device_cannot_use_is_one_clear_error(method: str, d
     with pytest.raises(SampleError, match=message):
         timing.time_call(lambda: None, device, warmup=0, repeats=1, method=method)
     assert timing.default_timing("cuda:1") == "cuda_events" and timing.default_timing("cpu") == "perf_counter"
+
+
+def test_compute_plan_filters_a_grid_and_asks_for_exactly_one_source(db_path: Path) -> None:
+    from tracecal.samplers.plan import compute_plan
+    from tracecal.sql.connection import open_database
+
+    with open_database(db_path) as con:
+        whole = compute_plan(con, config="ci")
+        assert whole.autograd and whole.params_for is None and whole.source.endswith("ci.yml")
+        norm = compute_plan(con, config="ci", families=["norm"], dtypes=["bfloat16"], inference=True)
+        assert norm.points and {(p.family, p.dtype) for p in norm.points} == {("norm", "bfloat16")}
+        assert not norm.autograd
+        halves = [compute_plan(con, config="ci", parts=2, part=k).points for k in (1, 2)]
+        assert sorted(map(repr, halves[0] + halves[1])) == sorted(map(repr, whole.points))
+        for kwargs in ({}, {"config": "ci", "from_run": "r"}):
+            with pytest.raises(SampleError, match="exactly one of --config GRID or --from-run RUN"):
+                compute_plan(con, **kwargs)  # type: ignore[arg-type]
+        with pytest.raises(SampleError, match="no points to sample"):
+            compute_plan(con, config="ci", families=["no-such-family"])

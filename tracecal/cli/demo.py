@@ -86,6 +86,8 @@ def demo(
     'local' cluster, replay the best iteration (measured and predicted), and print the error tables
     and where the figures are. A few minutes on 2 cores. --device cuda runs it on one GPU."""
     with user_errors():
+        from tracecal.samplers.plan import run_settings
+
         pp = resolve_layout(device, pp, tp, dp, _cuda_devices() if device == "cuda" else 0)
         work = directory or Path(tempfile.mkdtemp(prefix="tracecal-demo-"))
         work.mkdir(parents=True, exist_ok=True)
@@ -96,7 +98,7 @@ def demo(
         stdout.print(f"tracecal demo in {work} on {device}")
         run_id = _train(run_dir, pp, tp, dp, steps, device, timings)
         _ingest(db, run_dir, run_id, timings)
-        settings = sample_settings(device, run_id, repeats, passes, processes or pp * tp * dp)
+        settings = run_settings(CLUSTER, device, run_id, repeats, passes, processes or pp * tp * dp)
         _sample(db, run_id, settings, timings)
         model = _calibrate(db, timings)
         _predict(db, run_id, model, figures, timings)
@@ -167,57 +169,10 @@ def _ingest(db: Path, run_dir: Path, run_id: str, timings: dict[str, float]) -> 
     )
 
 
-NEIGHBOURHOOD_SMALL = (0.5, 0.75, 1.0, 1.5, 2.0)
-"""Factors of the full-factorial neighbourhood of a traced shape with at most two dimensions."""
-NEIGHBOURHOOD_LARGE = (0.5, 1.0, 2.0)
-"""Factors of the full-factorial neighbourhood of a traced shape with three or more dimensions."""
-
-
-def neighbourhood(points: list[Any]) -> list[Any]:
-    """Each traced shape plus a full-factorial neighbourhood of its integer dimensions (pure).
-
-    Calibration fits one regressor per op and direction and wants at least 20 samples each; a small
-    run traces only a few shapes per op, so the demo times the traced shapes and their neighbours
-    (every dimension scaled by ``NEIGHBOURHOOD_*``), which also lets the models interpolate."""
-    import itertools
-    from dataclasses import replace
-
-    out: dict[Any, None] = {}
-    for p in points:
-        out[p] = None
-        names = [k for k, v in p.dims if isinstance(v, int) and not isinstance(v, bool) and v > 1]
-        factors = NEIGHBOURHOOD_SMALL if len(names) <= 2 else NEIGHBOURHOOD_LARGE
-        for combo in itertools.product(factors, repeat=len(names)):
-            scaled = dict(zip(names, combo, strict=True))
-            dims = tuple((k, max(1, round(v * scaled[k])) if k in scaled else v) for k, v in p.dims)
-            out[replace(p, dims=dims)] = None
-    return list(out)
-
-
-def sample_settings(device: str, run_id: str, repeats: int, passes: int, processes: int) -> Any:
-    """How the demo samples the run's shapes: on CPU, as many concurrent samplers as the workload had
-    ranks (each traced operator ran while the other ranks competed for the cores, caches and memory
-    bandwidth); on a GPU, one sampler timing with CUDA events. On both, the repeats of a shape spread
-    over passes, so a burst of load from other jobs disturbs one pass of many shapes, not every
-    repeat of a few."""
-    from tracecal.samplers.compute import ComputeSettings
-
-    cuda = device == "cuda"
-    return ComputeSettings(
-        cluster=CLUSTER,
-        device=device,
-        warmup=3 if cuda else 1,  # a GPU's first calls pay for lazy initialisation and autotuning
-        repeats=repeats,
-        passes=passes,
-        source_file=f"run:{run_id}",
-        processes=1 if cuda else processes,
-        threads=None if cuda else 1,
-    )
-
-
 def _sample(db: Path, run_id: str, settings: Any, timings: dict[str, float]) -> None:
     from tracecal.samplers.compute import sample_compute
     from tracecal.samplers.from_run import run_points
+    from tracecal.samplers.plan import neighbourhood
     from tracecal.sql.connection import open_database
 
     if settings.device == "cpu":

@@ -40,8 +40,8 @@ app.command("calibrate")(calibrate_cmd.calibrate)
 app.command("export")(export_cmd.export)
 app.command("diff")(diff_cmd.diff)
 app.add_typer(workload_cmd.app, name="workload")
-app.add_typer(sample_cmd.app, name="sample")
 app.add_typer(samples_cmd.app, name="samples")
+app.add_typer(sample_cmd.legacy_app, name="sample", hidden=True)  # the old spelling, for one release
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""`tracecal sample compute` and `tracecal sample comm`: run microbenchmarks and store the samples."""
+"""`tracecal samples measure compute|comm`: run microbenchmarks and store the samples.
+
+The old spellings `tracecal sample compute|comm` stay for one release as a hidden group
+(``legacy_app``) that warns and runs the same commands.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,6 @@ import typer
 
 from tracecal.cli.common import DbOption, progress_bar, render_rows, stdout, user_errors, warn
 from tracecal.config import Settings
-from tracecal.errors import SampleError
 
 app = typer.Typer(
     help="Run microbenchmarks (GPU, or CPU where there is none) and store samples for a cluster.",
@@ -83,29 +86,18 @@ def compute(
         from collections import Counter
 
         from tracecal.samplers.compute import ComputeSettings, pending, sample_compute
-        from tracecal.samplers.from_run import run_points
-        from tracecal.samplers.grid import load_grid, shard, with_dtypes
+        from tracecal.samplers.plan import compute_plan
         from tracecal.sql.connection import open_database
 
-        if (config is None) == (from_run is None):
-            raise SampleError("give exactly one of --config GRID or --from-run RUN")
         settings = Settings.resolve(db)
         with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-            extra, autograd = None, not inference
-            if from_run is not None:
-                plan = run_points(con, from_run, dtype)
-                points, source, extra = plan.points, f"run:{from_run}", plan.params_for
-                autograd = plan.training  # an inference trace's calls ran without autograd
-                for (op, reason), count in sorted(plan.unmapped.items()):
-                    warn(f"{from_run}: {count} distinct {op} call(s) not sampled: {reason}")
-            else:
-                grid = load_grid(config or "")
-                points, source = with_dtypes(list(grid.points), dtype), grid.source
-            if family:
-                points = [p for p in points if p.family in family]
-            points = shard(points, parts, part)
-            if not points:
-                raise SampleError("no points to sample after --family/--dtype/--part filtering")
+            plan = compute_plan(
+                con, config=config, from_run=from_run, dtypes=dtype, families=family, parts=parts, part=part,
+                inference=inference,
+            )  # fmt: skip
+            for (op, reason), count in sorted(plan.unmapped.items()):
+                warn(f"{from_run}: {count} distinct {op} call(s) not sampled: {reason}")
+            points, source = plan.points, plan.source
             defaults = ComputeSettings(cluster=cluster)
             run = ComputeSettings(
                 cluster=cluster,
@@ -114,7 +106,7 @@ def compute(
                 repeats=defaults.repeats if repeats is None else repeats,
                 source_file=source,
                 threads=threads if threads is not None else defaults.threads,
-                autograd=autograd,
+                autograd=plan.autograd,
                 timing=timing,
                 passes=passes,
                 processes=processes,
@@ -134,7 +126,7 @@ def compute(
                 def progress(done: int, total: int, label: str) -> None:
                     bar.update(task, completed=done, total=total, description=label)
 
-                report = sample_compute(con, points, run, progress=progress, extra_params=extra)
+                report = sample_compute(con, points, run, progress=progress, extra_params=plan.params_for)
             flags = _reflag(con, cluster) if report.written else {}
         stdout.print(
             f"{cluster}: {report.planned} points, {report.already_stored} already stored, "
@@ -220,3 +212,16 @@ def _print_flags(cluster: str, flags: dict[str, int]) -> None:
     if flags:
         text = ", ".join(f"{n} {reason}" for reason, n in sorted(flags.items()))
         warn(f"{cluster}: quality flags on the cluster's samples: {text} (see `tracecal samples list`)")
+
+
+legacy_app = typer.Typer(
+    help="Renamed to `tracecal samples measure compute|comm`; this spelling goes in the next release.",
+    no_args_is_help=True,
+)
+legacy_app.command("compute")(compute)
+legacy_app.command("comm")(comm)
+
+
+@legacy_app.callback()
+def _renamed() -> None:
+    warn("`tracecal sample` is now `tracecal samples measure`; the old spelling goes in the next release")

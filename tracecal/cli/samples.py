@@ -1,4 +1,5 @@
-"""`tracecal samples import|export|list|flag`: the stored microbenchmark samples."""
+"""`tracecal samples`: measure microbenchmarks (`measure compute|comm`, in ``cli/sample.py``) and
+manage the stored samples (`import|export|list|flag`)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,16 @@ from typing import Annotated
 
 import typer
 
+from tracecal.cli import sample as measure
 from tracecal.cli.common import DbOption, progress_bar, render_arrow, render_rows, stdout, user_errors
 from tracecal.config import Settings
 from tracecal.errors import SampleError
 
-app = typer.Typer(help="Stored microbenchmark samples: import, export, list, re-flag.", no_args_is_help=True)
+app = typer.Typer(
+    help="Microbenchmark samples: measure them here, or import, export, list and re-flag stored ones.",
+    no_args_is_help=True,
+)
+app.add_typer(measure.app, name="measure")
 
 FORMATS = ("gpumodeling25", "parquet")
 

@@ -5,8 +5,8 @@ Run it on a cluster under torchrun (NCCL on GPUs, gloo on CPUs)::
     torchrun --nnodes 2 --nproc-per-node 4 -m tracecal.samplers.comm --cluster perlmutter \\
         --config comm-sweep --db tracecal.duckdb          # or --output samples.parquet
 
-or on one machine without torchrun: ``comm_launch.spawn_local(settings, world_size)`` (``tracecal sample
-comm``) forks ``world_size`` gloo processes on localhost. This module samples; ``comm_launch`` starts ranks.
+or on one machine without torchrun: ``comm_launch.spawn_local(settings, world_size)`` (``tracecal samples
+measure comm``) forks ``world_size`` gloo processes on localhost. This module samples; ``comm_launch`` starts ranks.
 
 Timing (docs/samples.md#sampling-on-this-machine): for every (collective, size) each rank runs
 ``warmup`` untimed calls, then for each repeat all ranks meet at a barrier and time one call (CUDA

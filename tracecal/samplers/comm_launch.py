@@ -1,7 +1,7 @@
 """Launching the communication sampler: local gloo ranks, or the ranks of a torchrun job.
 
 - ``spawn_local(settings, world_size)``: fork ``world_size`` gloo processes on this host (CPU, CI,
-  ``tracecal sample comm``) and return rank 0's rows;
+  ``tracecal samples measure comm``) and return rank 0's rows;
 - ``run_distributed(settings, backend, db, output)``: join the launcher's process group (torchrun sets
   RANK, WORLD_SIZE, MASTER_ADDR), sample, and write rank 0's rows to a database or a Parquet file;
 - ``main(argv)``: the ``python -m tracecal.samplers.comm`` entry point (argparse, one line on stderr).

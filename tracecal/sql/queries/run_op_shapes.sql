@@ -1,4 +1,4 @@
--- run_op_shapes: the distinct compute operator calls of one run, for `tracecal sample compute --from-run`.
+-- run_op_shapes: the distinct compute operator calls of one run, for `tracecal samples measure compute --from-run`.
 -- Parameter $1: run_id. One row per (family, cpu_op_name, input_dims, input_types, phase, causal) among
 -- the run's operators of compute families, with how often and how long that call ran.
 -- Columns:
