@@ -300,3 +300,28 @@ def test_in_trace_report_by_hand() -> None:
     everything = by_family["all"]
     assert everything["covered_share"] == pytest.approx(150 / 1000)
     assert everything["mape"] == pytest.approx(30.0) and everything["predicted_ms"] == pytest.approx(135e-6)
+
+
+def test_published_comparison_by_hand() -> None:
+    """Compute and comm apart; only groups with both errors; comm's consistent figures only over ok sweeps."""
+    import polars as pl
+
+    from tracecal.calibrate.validation import published_comparison
+
+    report = pl.DataFrame(
+        {
+            "family": ["gemm", "gemm", "norm", "comm", "comm"],
+            "mape": [2.0, 6.0, 1.0, 3.0, 9.0],
+            "published_mape": [4.0, 5.0, None, 4.0, 8.0],
+            "status": ["ok", "ok", "ok", "ok", "inconsistent: noise 30 %"],
+        }
+    )
+    compute, comm = published_comparison(report)
+    assert compute == {
+        "scope": "compute", "groups": 2, "lower_than_published": 1, "share_lower": 0.5, "median_mape": 4.0,
+        "median_published": 4.5, "consistent_groups": 2, "consistent_max_mape": 6.0,
+    }  # fmt: skip
+    assert (comm["groups"], comm["lower_than_published"], comm["consistent_groups"], comm["consistent_max_mape"]) == (
+        2, 1, 1, 3.0,
+    )  # fmt: skip
+    assert published_comparison(report.filter(pl.col("family") == "norm")) == []

@@ -116,4 +116,20 @@ def load(
     return CalibratedModels(cluster, read_models(con, cluster, store_dir))
 
 
-__all__ = ["Calibration", "calibrate_cluster", "load"]
+def validate_in_trace(con: duckdb.DuckDBPyConnection, cluster: str, *, store_dir: Path) -> pl.DataFrame | None:
+    """In-trace validation: the cluster's stored models against the traced operators of its ingested
+    runs (``in_trace.in_trace_report`` rows); None when no ingested run has ``cluster``.
+
+    Raises:
+        CalibrationError: the cluster has runs but no usable models (see ``load``).
+    """
+    from tracecal.calibrate.in_trace import in_trace_report, traced_rows
+
+    rows = traced_rows(con, cluster)
+    if rows.height == 0:
+        return None
+    models = load(cluster, con, store_dir=store_dir)
+    return in_trace_report(rows, models.predict(rows))
+
+
+__all__ = ["Calibration", "calibrate_cluster", "load", "validate_in_trace"]

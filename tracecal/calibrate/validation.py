@@ -21,6 +21,7 @@ is reported as such instead of being presented as a fitted model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -137,3 +138,35 @@ def noise_level(size: np.ndarray, measured: np.ndarray, split: Split, neighbours
         slope = np.polyfit(lx[window], ly[window], 1)[0] if np.ptp(lx[window]) > 0 else 0.0
         predicted[i] = np.exp(np.median(ly[nearest] + slope * (x - lx[nearest])))
     return float(np.mean(ape(predicted, measured[split.test])))
+
+
+def published_comparison(report: pl.DataFrame) -> list[dict[str, Any]]:
+    """Ours vs published over the hold-out ``report`` rows (``Calibration.report``) that have a
+    published error, compute and comm separately: groups, how many of ours are lower, the medians.
+    For collectives, ``consistent_*`` count only sweeps whose status is ok (noise level within
+    ``CONSISTENT_NOISE_PCT``)."""
+    out = []
+    for scope, part in (
+        ("compute", report.filter(pl.col("family") != "comm")),
+        ("comm", report.filter(pl.col("family") == "comm")),
+    ):
+        both = part.filter(pl.col("published_mape").is_not_null() & pl.col("mape").is_not_null())
+        if both.height == 0:
+            continue
+        wins = both.filter(pl.col("mape") < pl.col("published_mape")).height
+        consistent = both.filter(pl.col("status") == "ok")
+        out.append(
+            {
+                "scope": scope,
+                "groups": both.height,
+                "lower_than_published": wins,
+                "share_lower": wins / both.height,
+                "median_mape": float(both.get_column("mape").median()),  # type: ignore[arg-type]
+                "median_published": float(both.get_column("published_mape").median()),  # type: ignore[arg-type]
+                "consistent_groups": consistent.height,
+                "consistent_max_mape": (
+                    float(consistent.get_column("mape").max()) if consistent.height else None  # type: ignore[arg-type]
+                ),
+            }
+        )
+    return out

@@ -29,40 +29,6 @@ def _num(value: Any, digits: int = 2) -> Any:
     return round(float(value), digits)
 
 
-def summary(report: pl.DataFrame) -> list[dict[str, Any]]:
-    """Ours vs published over the groups that have a published error: compute and comm separately.
-
-    For collectives, ``consistent`` counts only sweeps whose status is ok (noise level ≤ threshold).
-    """
-    import polars as pl
-
-    out = []
-    for scope, part in (
-        ("compute", report.filter(pl.col("family") != COMM)),
-        ("comm", report.filter(pl.col("family") == COMM)),
-    ):
-        both = part.filter(pl.col("published_mape").is_not_null() & pl.col("mape").is_not_null())
-        if both.height == 0:
-            continue
-        wins = both.filter(pl.col("mape") < pl.col("published_mape")).height
-        consistent = both.filter(pl.col("status") == "ok")
-        out.append(
-            {
-                "scope": scope,
-                "groups": both.height,
-                "lower_than_published": wins,
-                "share_lower": wins / both.height,
-                "median_mape": float(both.get_column("mape").median()),  # type: ignore[arg-type]
-                "median_published": float(both.get_column("published_mape").median()),  # type: ignore[arg-type]
-                "consistent_groups": consistent.height,
-                "consistent_max_mape": (
-                    float(consistent.get_column("mape").max()) if consistent.height else None  # type: ignore[arg-type]
-                ),
-            }
-        )
-    return out
-
-
 def calibrate(
     cluster: Annotated[str, typer.Option("--cluster", help="Cluster whose samples to calibrate (samples.cluster).")],
     family: Annotated[str | None, typer.Option("--family", help="Only this op family (e.g. gemm, comm).")] = None,
@@ -86,8 +52,8 @@ def calibrate(
     (the published 80/20 one for imported samples) and on the traced operators of the cluster's runs,
     and store the models next to the database."""
     with user_errors():
-        from tracecal.calibrate import calibrate_cluster, load
-        from tracecal.calibrate.in_trace import in_trace_report, traced_rows
+        from tracecal.calibrate import calibrate_cluster, validate_in_trace
+        from tracecal.calibrate.validation import published_comparison
         from tracecal.sql.connection import open_database
 
         settings = Settings.resolve(db)
@@ -108,11 +74,7 @@ def calibrate(
                 on_group=progress,
             )
             bar.update(task, completed=len(result.results), description="calibrated")
-            rows = traced_rows(con, cluster)
-            trace_table = None
-            if rows.height:
-                models = load(cluster, con, store_dir=model_store_dir(settings.db_path))
-                trace_table = in_trace_report(rows, models.predict(rows))
+            trace_table = validate_in_trace(con, cluster, store_dir=model_store_dir(settings.db_path))
         table = result.report
         if report is not None:
             table.select(
@@ -126,14 +88,14 @@ def calibrate(
                         "cluster": cluster,
                         "models_stored": result.stored,
                         "holdout": table.to_dicts(),
-                        "summary": summary(table),
+                        "summary": published_comparison(table),
                         "in_trace": None if trace_table is None else trace_table.to_dicts(),
                     },
                     default=str,
                 )
             )
             return
-        _print_holdout(cluster, table)
+        _print_holdout(cluster, table, published_comparison(table))
         if trace_table is None:
             stdout.print(
                 f"in-trace validation: no ingested run has cluster {cluster!r} "
@@ -161,7 +123,7 @@ def _published(directories: list[Path]) -> pl.DataFrame | None:
     return pl.concat([published_errors(d) for d in directories])
 
 
-def _print_holdout(cluster: str, table: pl.DataFrame) -> None:
+def _print_holdout(cluster: str, table: pl.DataFrame, comparison: list[dict[str, Any]]) -> None:
     columns = ["family", "op", "dir", "model", "train", "test", "excl", "MAPE %", "p50 %", "p90 %", "max %",
                "published %", "noise %", "status"]  # fmt: skip
     rows = [
@@ -184,7 +146,7 @@ def _print_holdout(cluster: str, table: pl.DataFrame) -> None:
         for r in table.iter_rows(named=True)
     ]
     render_rows(f"hold-out validation on samples of {cluster} (errors in %)", columns, rows)
-    for s in summary(table):
+    for s in comparison:
         stdout.print(
             f"{s['scope']}: ours lower than published on {s['lower_than_published']}/{s['groups']} groups "
             f"({100 * s['share_lower']:.0f} %); median MAPE {s['median_mape']:.2f} % vs published "
