@@ -67,13 +67,12 @@ class ComputeSettings:
     """How repeats are timed (``timing.TIMING_METHODS``); None = ``default_timing(device)``. On CPU,
     ``profiler`` times the call as a CPU trace measures an operator (its own profiler events). Not
     the default: on the PP2 demo it changed the prediction error by less than the run-to-run noise
-    and doubled the sampling time (README, prediction section)."""
+    and doubled the sampling time."""
     passes: int = 1
     """Sweeps over all the points, each timing ``repeats`` calls of every point (with its warm-up),
     so a point's repeats are spread over the whole sampling run instead of a few consecutive
     milliseconds: a burst of load from other processes then disturbs one pass of many points, not
-    every repeat of one shape and its neighbours (on the shared 2-core VM one 8-second burst made
-    a whole GEMM neighbourhood's medians 10× slow, and the calibrated model with them). Samples are
+    every repeat of one shape and its neighbours (and the calibrated model with them). Samples are
     written when the last pass measured them."""
     processes: int = 1
     """Worker processes timing points at the same time (CPU; ``samplers.concurrent``): set it to the
