@@ -6,7 +6,7 @@
 --   run_id, rank, event_id   the operator (see `operators`)
 --   cpu_op_event_id          the CPU operator that launched it (its kernels are scored as one op)
 --   kind, name, cpu_op_name  activity kind, kernel/operator name, innermost CPU operator
---   family, phase            op family and phase (SPEC §5.1, §5.2)
+--   family, phase            op family and phase (docs/decode.md#families, #phases)
 --   dur_ns                   measured duration, ns
 --   <shape columns>          schema.SHAPE_COLUMNS of the operator (batch ... io_bytes)
 SELECT

@@ -1,4 +1,4 @@
--- iterations_clocks: per rank of a run ($1), the clock alignment (SPEC §5.5) and collective matching.
+-- iterations_clocks: per rank of a run ($1), the clock alignment and collective matching (docs/decode.md#clock-alignment).
 --   rank               global rank
 --   clock_offset_us    offset added to the rank's timestamps, µs (NULL: no matched collective)
 --   residual_us        median |aligned end - instance centre| over matched collectives, µs

@@ -2,7 +2,7 @@
 -- Parameter $1: run_id. One row per (family, cpu_op_name, input_dims, input_types, phase, causal) among
 -- the run's operators of compute families, with how often and how long that call ran.
 -- Columns:
---   family       op family of the operators (decode's classification, SPEC §5.1)
+--   family       op family of the operators (decode's classification, docs/decode.md#families)
 --   cpu_op_name  innermost CPU operator (aten::mm, ...)
 --   input_dims   Input Dims of the CPU operator as JSON text
 --   input_types  Input type of the CPU operator as JSON text
