@@ -184,3 +184,40 @@ def test_a_two_kernel_op_is_scored_once() -> None:
     report = {r["family"]: r for r in in_trace_report(ops, np.array([660.0, np.nan])).iter_rows(named=True)}
     assert (report["norm"]["kernels"], report["norm"]["operators"], report["norm"]["predicted"]) == (2, 1, 1)
     assert report["norm"]["mape"] == pytest.approx(10.0) and report["norm"]["time_error"] == pytest.approx(10.0)
+
+
+def test_a_collective_far_outside_its_sweep_stays_uncovered(tmp_path: Path) -> None:
+    """Sizes more than SIZE_MARGIN below the smallest (or above the largest) timed message are not
+    extrapolated: latency and protocol change with size, so the trace keeps its measured time."""
+    from tracecal.calibrate.routing import SIZE_MARGIN
+
+    nccl = GPUMODELING25 / "samples" / "perlmutter_a100_nccl"
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    for name in ("NVIDIAA100-SXM4-80GB.csv", "NVIDIAA100-SXM4-80GB_p2p_fp16_1_2.csv"):
+        (samples / name).symlink_to(nccl / name)
+    db = tmp_path / "comm.duckdb"
+    runner = CliRunner()
+    result = runner.invoke(app, ["samples", "import", str(samples), "--cluster", "c", "--db", str(db)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["calibrate", "--cluster", "c", "--db", str(db), "--folds", "2"])
+    assert result.exit_code == 0, result.output
+    models = load("c", db=db)
+    sweep = next(m for m in models.models if m.key.family == "comm")
+    sizes = sweep.training["size_bytes"]
+    lo, hi = float(sizes.min()), float(sizes.max())  # type: ignore[arg-type]
+    asked = [22.0, lo / SIZE_MARGIN * 1.01, (lo + hi) / 2, hi * SIZE_MARGIN * 2]
+    rows = pl.DataFrame(
+        {
+            "family": "comm",
+            "collective": "send",
+            "size_bytes": asked,
+            "group_size": 2,
+            "nodes": 1,
+            "gpus_per_node": 2,
+            "dtype": "float16",
+            "role": "pp",
+        }
+    )
+    predicted = models.predict(rows)
+    assert np.isfinite(predicted).tolist() == [False, True, True, False]

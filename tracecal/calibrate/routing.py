@@ -43,6 +43,9 @@ from tracecal.calibrate.fitting import ALL_OPS
 from tracecal.calibrate.store import StoredModel
 
 _FAR = 1e6  # added distance per domain feature the model trained on that a row lacks
+SIZE_MARGIN = 4.0
+"""A collective more than this factor below the smallest (or above the largest) message its sweep timed
+is beyond the sweep: latency and protocol change with size, so it stays uncovered, not extrapolated."""
 
 
 AUTOGRAD_NODE = re.compile(r"Backward\d*$")
@@ -193,6 +196,7 @@ class CalibratedModels:
             else:
                 self._by_slot[(key.family, key.direction)].append(m)
         self._domains: dict[str, tuple[list[str], np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._sizes: dict[str, tuple[float, float]] = {}
 
     @staticmethod
     def _collective_of(model: StoredModel) -> str | None:
@@ -218,6 +222,14 @@ class CalibratedModels:
             spread = np.where(np.isfinite(spread) & (spread > 0), spread, 1.0)
             self._domains[mid] = (columns, (points - centre) / spread, centre, spread)
         return self._domains[mid]
+
+    def _size_range(self, model: StoredModel) -> tuple[float, float]:
+        """The smallest and largest message its samples timed (cached)."""
+        key = str(model.directory)
+        if key not in self._sizes:
+            sizes = model.training.get_column("size_bytes").cast(pl.Float64).drop_nulls().to_numpy()
+            self._sizes[key] = (float(sizes.min()), float(sizes.max())) if sizes.size else (0.0, np.inf)
+        return self._sizes[key]
 
     def _distance(self, model: StoredModel, features: pl.DataFrame) -> np.ndarray:
         """Distance from each row to the nearest training sample of ``model``."""
@@ -260,6 +272,11 @@ class CalibratedModels:
                 else:
                     choice[rows] = pooled[0] if pooled else UNSAMPLED
         described = np.isfinite(distances)
+        if family == COMM_FAMILY and "size_bytes" in frame.columns:
+            sizes = frame.get_column("size_bytes").cast(pl.Float64).to_numpy()
+            for j, m in enumerate(candidates):
+                lo, hi = self._size_range(m)
+                described[:, j] &= (sizes >= lo / SIZE_MARGIN) & (sizes <= hi * SIZE_MARGIN)
         picked = choice >= 0
         rows_picked = np.flatnonzero(picked)
         uncovered = rows_picked[~described[rows_picked, choice[rows_picked]]]
