@@ -100,8 +100,8 @@ def list_(
         if overview.num_rows == 0:
             where = f" of cluster {cluster}" if cluster else ""
             stdout.print(
-                f"no samples{where} in {settings.db_path}; take some with `tracecal sample` or import them "
-                "with `tracecal samples import DIR --cluster NAME`"
+                f"no samples{where} in {settings.db_path}; take some with `tracecal samples measure compute|comm` "
+                "or import them with `tracecal samples import DIR --cluster NAME`"
             )
             return
         by_op = overview.group_by(["cluster", "family", "op", "direction"]).aggregate(

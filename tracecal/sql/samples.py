@@ -146,8 +146,8 @@ def read_samples(
         known = clusters(con)
         where = f"clusters with samples: {', '.join(known)}" if known else "the database has no samples"
         raise SampleError(
-            f"no samples for cluster {cluster!r} ({where}); take some with `tracecal sample` or "
-            "`tracecal samples import DIR --cluster NAME --format gpumodeling25|parquet`"
+            f"no samples for cluster {cluster!r} ({where}); take some with `tracecal samples measure compute|comm` "
+            "or `tracecal samples import DIR --cluster NAME --format gpumodeling25|parquet`"
         )
     table = query_arrow(con, _read_query("samples_read.sql"), [cluster, family, direction, include_flagged])
     frame = pl.from_arrow(table)
