@@ -91,8 +91,7 @@ def predict(
     and components tables."""
     from tracecal.predict.durations import parse_scale
     from tracecal.predict.published_runs import is_decoded_run, with_published_iteration
-    from tracecal.predict.run import result_tables
-    from tracecal.predict.store import predict_stored_run, write_results
+    from tracecal.predict.store import predict_stored_run, store_prediction
     from tracecal.predict.what_if import target_gpus_per_node, uncovered_families
     from tracecal.sql.connection import open_database
 
@@ -128,15 +127,7 @@ def predict(
             decoded = is_decoded_run(con, run)
             if decoded:
                 pred = with_published_iteration(con, run, pred)
-            predictions, components = result_tables(pred)
-            write_results(
-                con,
-                run_id=run,
-                cluster=cluster if resolved == "predicted" else None,
-                mode=resolved,
-                predictions=predictions,
-                components=components,
-            )
+            store_prediction(con, run, pred, cluster=cluster)
         table = _rows_ms(pred)
         if resolved == "predicted" and pred.coverage["all"] == 0:
             warn(f"no operator of {run} is covered by cluster {cluster}'s models: every duration kept measured")

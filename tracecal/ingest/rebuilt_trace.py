@@ -45,13 +45,21 @@ GROUPS = ("tp", "dp", "pp", "mp")
 """Process-group kinds of a rebuilt rank: tensor-, data-, pipeline- and model-parallel (pipe x model)."""
 
 
-def types_for(dims: str | None, aten_type: str) -> str | None:
-    """Input types of an operator whose tables lost them: the run's precision for every tensor."""
+def parse_dims(dims: str | None) -> list | None:
+    """``Input Dims`` text as a list, or None when absent or not JSON."""
     if not dims:
         return None
     try:
         parsed = json.loads(dims)
     except ValueError:
+        return None
+    return parsed if isinstance(parsed, list) else None
+
+
+def types_for(dims: str | None, aten_type: str) -> str | None:
+    """Input types of an operator whose tables lost them: the run's precision for every tensor."""
+    parsed = parse_dims(dims)
+    if parsed is None:
         return None
     return json.dumps([aten_type if isinstance(d, list) and d else "Scalar" for d in parsed])
 

@@ -27,7 +27,6 @@ Everything is documented in ``docs/published-runs.md``.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,7 +43,7 @@ from tracecal.ingest.discover import ParallelLayout
 from tracecal.ingest.gpumodeling25_tables import MODULE_TIMES_KEY, NEOX_LOG_KEY
 from tracecal.ingest.neox_log import NeoxLog, parse_neox_log
 from tracecal.ingest.pipeline_schedule import stage_instructions
-from tracecal.ingest.rebuilt_trace import GROUPS, PRECISION_TYPES, SCOPE, rank_events, types_for
+from tracecal.ingest.rebuilt_trace import GROUPS, PRECISION_TYPES, SCOPE, parse_dims, rank_events, types_for
 from tracecal.ingest.trace import ParsedRank
 
 _MODULE_SPAN = {"fwd": "stage_fwd", "bwd": "stage_bwd", "reduce_grads": "dp_allreduce", "optimizer_step": "optimizer"}
@@ -84,7 +83,7 @@ ROW_SCHEMA = {
 }
 """One row per GPU activity of a stage's iteration, in stream order (internal to this module)."""
 
-MisalignedFn = Callable[[pl.DataFrame], np.ndarray]
+MisalignedFn = Callable[[pl.DataFrame], "np.ndarray | pl.Series"]
 """Flags kernel-table rows whose CPU operator is not the one that launched the kernel: gets a frame
 with ``cpu_op_name, input_dims, input_types, kernel_name, dur_ns`` and returns one bool per row."""
 
@@ -164,12 +163,8 @@ def _position(stage: int, stages: int) -> str:
 
 
 def _elements(dims: str | None) -> int | None:
-    if not dims:
-        return None
-    try:
-        parsed = json.loads(dims)
-    except ValueError:
-        return None
+    """Elements of an operator's first tensor (a collective's message)."""
+    parsed = parse_dims(dims)
     first = parsed[0] if parsed and isinstance(parsed[0], list) else None
     return prod(first) if first else None
 
@@ -395,13 +390,15 @@ def _plan_stage(
         )
         for rows in (fwd, bwd)
     )
-    sends = {s: blocks.get((_position(s, shape.pp), "pp_p2p")) for s in range(shape.pp - 1)}
-    for s, table in sends.items():
+    sends: dict[int, pl.DataFrame] = {}
+    for s in range(shape.pp - 1):
+        table = blocks.get((_position(s, shape.pp), "pp_p2p"))
         if table is None:
             raise TraceFormatError(
                 f"no best_batch_statistics pp_p2p table for the {_position(s, shape.pp)} stage: "
                 "the activation sends of the pipeline cannot be rebuilt"
             )
+        sends[s] = table
     reduce_rows = blocks[(pos, "reduce_grads")].with_columns(pl.lit("dp").alias("group"))
     opt = _optimizer_rows(blocks[(pos, "optimizer_step")])
     plan = _StagePlan()

@@ -203,13 +203,21 @@ def predict_stored_run(
         )
     prediction = predict_iteration(stored.inputs, mode=mode, model=model, scale=scale, replay=replay, compare=compare)
     if store:
-        predictions, components = result_tables(prediction)
-        write_results(
-            con,
-            run_id=run_id,
-            cluster=cluster if mode == "predicted" else None,
-            mode=mode,
-            predictions=predictions,
-            components=components,
-        )
+        store_prediction(con, run_id, prediction, cluster=cluster)
     return stored, prediction
+
+
+def store_prediction(
+    con: duckdb.DuckDBPyConnection, run_id: str, prediction: Prediction, *, cluster: str | None = None
+) -> None:
+    """Replace the run's stored results of the prediction's mode with both replays' rows
+    (``cluster`` is recorded for predicted mode only)."""
+    predictions, components = result_tables(prediction)
+    write_results(
+        con,
+        run_id=run_id,
+        cluster=cluster if prediction.mode == "predicted" else None,
+        mode=prediction.mode,
+        predictions=predictions,
+        components=components,
+    )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -425,7 +425,9 @@ def _rebuilt_files(rebuilt: RebuiltRun) -> tuple[TraceFile, ...]:
     return tuple(TraceFile(path=r.file, format=r.format, path_rank=r.rank, size_bytes=0) for r in rebuilt.ranks)
 
 
-def _rebuilt_ranks(run: DiscoveredRun, rebuilt: RebuiltRun) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
+def _rebuilt_ranks(
+    run: DiscoveredRun, rebuilt: RebuiltRun
+) -> Generator[tuple[TraceFile, list[ParsedRank]], None, None]:
     yield from zip(run.files, ([r] for r in rebuilt.ranks), strict=True)
 
 
