@@ -262,6 +262,8 @@ def nesting_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     of every lane nest or follow each other: lane 0 unless the span overlaps an open span of the lane
     without ending inside it, then the first lane where it fits."""
     lanes = np.zeros(starts.size, dtype=np.int64)
+    if _nests(starts, ends):
+        return lanes
     stacks: list[list[int]] = [[]]
     for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True)):
         for k, stack in enumerate(stacks):
@@ -277,6 +279,39 @@ def nesting_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return lanes
 
 
+def _nests(starts: np.ndarray, ends: np.ndarray) -> bool:
+    """Whether every span of one thread (sorted as for ``nesting_lanes``) nests in or follows the others,
+    so that all of them are on lane 0, checked without a walk through the spans.
+
+    The opens and closes of the spans that last (an empty span never overlaps) are read as brackets in
+    time order, a close before an open at the same instant and the inner span's close first: they nest
+    iff each span's close finds the depth its open left, which two binary searches give for all spans."""
+    keep = ends > starts
+    s, e = starts[keep], ends[keep]
+    n = s.size
+    reversed_order = np.argsort(e[::-1], kind="stable")  # by end, the later-opened span first on a tie
+    close_rank = np.empty(n, dtype=np.int64)
+    close_rank[n - 1 - reversed_order] = np.arange(n)
+    sorted_ends = e[::-1][reversed_order]
+    depth_at_open = np.arange(1, n + 1) - np.searchsorted(sorted_ends, s, side="right")
+    depth_at_close = np.searchsorted(s, e, side="left") - close_rank
+    return bool(np.array_equal(depth_at_open, depth_at_close))
+
+
+def _thread_bounds(thread: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First and past-the-end row of each run of equal values in ``thread`` (sorted)."""
+    cuts = np.flatnonzero(thread[1:] != thread[:-1]) + 1
+    return np.concatenate([[0], cuts]), np.concatenate([cuts, [thread.size]])
+
+
+def _lanes(thread: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """``nesting_lanes`` of every thread of spans sorted by thread, start, longest first."""
+    lane = np.zeros(thread.size, dtype=np.int64)
+    for a, b in zip(*_thread_bounds(thread), strict=True):
+        lane[a:b] = nesting_lanes(starts[a:b], ends[a:b])
+    return lane
+
+
 def assign_tracks(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, TrackReport]:
     """Process and thread ids of every span, spans that break their thread's nesting on overlap lanes.
 
@@ -285,23 +320,30 @@ def assign_tracks(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, Trac
         (pid, tid, label, sort index), and a ``TrackReport``.
     """
     key = ["rank", "predicted", "track"]
+    # one integer per (rank, timeline, track), so that millions of spans are grouped and sorted on it
+    # rather than on the track's text; numbered below in the order of the text
+    code = pl.col("track").cast(pl.Categorical).to_physical().cast(pl.Int64).fill_null(-1) + 1
     spans = spans.with_columns(
-        (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(lower_bound=0)).alias("_end")
-    ).sort([*key, "ts_ns", "_end"], descending=[False, False, False, False, True], maintain_order=True)
-    # a thread whose spans never overlap (GPU streams, runtime calls) needs no walk through its spans
-    previous_end = pl.col("_end").cum_max().shift(1).over(key)
-    overlapping = spans.select(((pl.col("ts_ns") < previous_end).fill_null(False)).any().over(key).alias("_o"))
-    lane = np.zeros(spans.height, dtype=np.int64)
-    flagged = np.flatnonzero(overlapping["_o"].to_numpy())
-    if flagged.size:
-        sub = spans[flagged].with_row_index("_i")
-        for group in sub.partition_by(key, maintain_order=True):
-            rows = group["_i"].to_numpy()
-            lane[flagged[rows]] = nesting_lanes(group["ts_ns"].to_numpy(), group["_end"].to_numpy())
-    spans = spans.with_columns(pl.Series("lane", lane))
+        ((pl.col("rank") * 2 + pl.col("predicted").cast(pl.Int64)) * (1 << 32) + code).alias("_key"),
+        (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(lower_bound=0)).alias("_end"),
+    )
+    threads = (
+        spans.group_by("_key")
+        .agg(pl.col(key).first())
+        .sort("rank", "predicted", pl.col("track").cast(pl.String), maintain_order=True)
+    )
+    spans = spans.with_columns(
+        pl.col("_key").replace_strict(threads["_key"], np.arange(threads.height), return_dtype=pl.Int64).alias("_t")
+    ).sort("_t", "ts_ns", "_end", descending=[False, False, True], maintain_order=True)
+    thread = spans["_t"].to_numpy()
+    lane = _lanes(thread, spans["ts_ns"].to_numpy(), spans["_end"].to_numpy())
+    # each (thread, lane) is one track, named after its first span
+    width = int(lane.max()) + 1 if lane.size else 1
+    first = np.unique(thread * width + lane, return_index=True)[1] if width > 1 else _thread_bounds(thread)[0]
     tracks = (
-        spans.group_by([*key, "lane"])
-        .agg(pl.col("track_label").first(), pl.col("track_order").first(), pl.col("os_tid").first())
+        spans[first]
+        .select(*key, "track_label", "track_order", "os_tid", pl.Series("lane", lane[first]), "_t")
+        .with_columns(pl.col("track", "track_label").cast(pl.String))
         .sort("rank", "predicted", "track_order", "track", "lane")
     )
     # the OS thread id stays the tid where it is a plain small id of one thread of the rank
@@ -322,26 +364,29 @@ def assign_tracks(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, Trac
         .alias("label"),
         pl.int_range(pl.len()).over("rank", "predicted").alias("sort_index"),
     )
-    spans = spans.join(tracks.select(*key, "lane", "pid", "tid"), on=[*key, "lane"], how="left", maintain_order="left")
-    moved = spans.filter(pl.col("lane") > 0)
+    by_code = tracks.select((pl.col("_t") * width + pl.col("lane")).alias("code"), "pid", "tid").sort("code")
+    row = np.searchsorted(by_code["code"].to_numpy(), thread * width + lane)
+    spans = spans.drop("_key", "_end", "_t").with_columns(
+        pl.Series("pid", by_code["pid"].to_numpy()[row]), pl.Series("tid", by_code["tid"].to_numpy()[row])
+    )
+    moved = lane > 0
     report = TrackReport(
-        tracks=tracks.height,
-        moved_spans=moved.height,
-        moved_tracks=moved.select(key).unique().height,
+        tracks=tracks.height, moved_spans=int(moved.sum()), moved_tracks=int(np.unique(thread[moved]).size)
     )
     # no second sort: each thread's spans are already in start order, longest first, which is all a reader needs
-    return spans.drop("_end", "lane"), tracks.select("rank", "predicted", "pid", "tid", "label", "sort_index"), report
+    return spans, tracks.select("rank", "predicted", "pid", "tid", "label", "sort_index"), report
 
 
 def check_nesting(spans: pl.DataFrame) -> int:
     """Spans (``pid``, ``tid``, ``ts_ns``, ``dur_ns``) that overlap another span of their thread
     without nesting in it: 0 for a trace Perfetto shows on the threads it names."""
-    count = 0
-    frame = spans.with_columns((pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(lower_bound=0)).alias("_end"))
-    frame = frame.sort("pid", "tid", "ts_ns", "_end", descending=[False, False, False, True], maintain_order=True)
-    for group in frame.partition_by("pid", "tid"):
-        count += int((nesting_lanes(group["ts_ns"].to_numpy(), group["_end"].to_numpy()) > 0).sum())
-    return count
+    frame = spans.select(
+        "pid", "tid", "ts_ns", (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(lower_bound=0)).alias("_end")
+    ).sort("pid", "tid", "ts_ns", "_end", descending=[False, False, False, True], maintain_order=True)
+    new_thread = frame.select((pl.col("pid").diff() != 0) | (pl.col("tid").diff() != 0)).to_series()
+    thread = new_thread.fill_null(False).cum_sum().to_numpy()
+    lane = _lanes(thread, frame["ts_ns"].to_numpy(), frame["_end"].to_numpy())
+    return int((lane > 0).sum())
 
 
 # --- JSON ------------------------------------------------------------------------------------------
