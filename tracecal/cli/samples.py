@@ -101,7 +101,8 @@ def list_(
             where = f" of cluster {cluster}" if cluster else ""
             stdout.print(
                 f"no samples{where} in {settings.db_path}; take some with `tracecal samples measure compute|comm` "
-                "or import them with `tracecal samples import DIR --cluster NAME`"
+                "or import them with `tracecal samples import DIR --cluster NAME`",
+                soft_wrap=True,  # one line: a path or a command cut in two cannot be pasted
             )
             return
         by_op = overview.group_by(["cluster", "family", "op", "direction"]).aggregate(
