@@ -399,22 +399,35 @@ def _quoted(series: pl.Series) -> pl.Series:
     return series.replace_strict(distinct, literals, default=None, return_dtype=pl.String)
 
 
+_FRACTIONS = pl.Series([""] + [f".{ns:03d}" for ns in range(1, 1000)])
+"""The µs fraction text of each ns remainder (none for whole µs)."""
+
+LINE_SEPARATOR = ",\n"
+"""Between two events of ``traceEvents``."""
+
+
 def _microseconds(column: str) -> pl.Expr:
     """Integer ns as the exact decimal µs text: ``1500`` -> ``1.5`` written ``1.500``, whole µs as integers."""
     ns = pl.col(column)
     magnitude = ns.abs()
-    whole = (magnitude // 1000).cast(pl.String)
-    frac = (magnitude % 1000).cast(pl.String).str.zfill(3)
-    sign = pl.when(ns < 0).then(pl.lit("-")).otherwise(pl.lit(""))
-    return (
-        pl.when(magnitude % 1000 == 0)
-        .then(pl.concat_str(sign, whole))
-        .otherwise(pl.concat_str(sign, whole, pl.lit("."), frac))
+    return pl.concat_str(
+        pl.when(ns < 0).then(pl.lit("-")),
+        (magnitude // 1000).cast(pl.String),
+        pl.lit(_FRACTIONS).gather(magnitude % 1000),
+        ignore_nulls=True,
     )
 
 
-def event_lines(spans: pl.DataFrame) -> pl.Series:
-    """One JSON object per span (``ph`` X), from spans with ``pid``/``tid``."""
+def _separators(first: bool) -> pl.Expr:
+    """The text before each line: ``LINE_SEPARATOR``, except before the document's first event."""
+    if first:
+        return pl.when(pl.int_range(pl.len()) == 0).then(pl.lit("")).otherwise(pl.lit(LINE_SEPARATOR))
+    return pl.lit(LINE_SEPARATOR)
+
+
+def event_lines(spans: pl.DataFrame, *, first: bool = True) -> pl.Series:
+    """One JSON object per span (``ph`` X), from spans with ``pid``/``tid``, each after its separator
+    (``first``: none before the first line): the lines written one after another continue the array."""
     frame = spans.with_columns(
         *(pl.Series(c, _quoted(spans[c])) for c in ("name", "cat", *TEXT_ARGS, *ANNOTATION_ARGS) if c in spans.columns)
     )
@@ -428,6 +441,7 @@ def event_lines(spans: pl.DataFrame) -> pl.Series:
     body = pl.concat_str(args, separator=",", ignore_nulls=True) if args else pl.lit("")
     dur = pl.when(pl.col("dur_ns").is_not_null()).then(pl.concat_str(pl.lit(',"dur":'), _microseconds("dur_ns")))
     line = pl.concat_str(
+        _separators(first),
         pl.lit('{"ph":"X","cat":'),
         pl.col("cat").fill_null('"other"'),
         pl.lit(',"name":'),
@@ -446,10 +460,10 @@ def event_lines(spans: pl.DataFrame) -> pl.Series:
     return frame.select(line.alias("line"))["line"]
 
 
-def flow_lines(spans: pl.DataFrame) -> pl.Series:
+def flow_lines(spans: pl.DataFrame, *, first: bool = True) -> pl.Series:
     """One flow per collective instance with at least two members among ``spans``: start (``s``) at
     the member whose middle comes first, steps (``t``), finish (``f``), each at its member's middle
-    on its thread and bound to that slice (``bp: e``)."""
+    on its thread and bound to that slice (``bp: e``); separated as ``event_lines``."""
     members = spans.filter(pl.col("match_id").is_not_null()).select(
         "pid", "tid", "predicted", "match_id", "collective",
         (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(lower_bound=0) // 2).alias("mid_ns"),
@@ -464,6 +478,7 @@ def flow_lines(spans: pl.DataFrame) -> pl.Series:
     phase = pl.when(pl.col("_k") == 0).then(pl.lit("s")).when(pl.col("_k") == pl.col("_n") - 1).then(pl.lit("f"))
     flow_id = pl.col("match_id") + pl.when(pl.col("predicted")).then(PREDICTED_FLOW_ID_OFFSET).otherwise(0)
     line = pl.concat_str(
+        _separators(first),
         pl.lit('{"ph":"'),
         phase.otherwise(pl.lit("t")),
         pl.lit('","cat":"collective","name":'),
@@ -503,23 +518,28 @@ def _meta(name: str, pid: Any, tid: Any, args: dict[str, Any]) -> str:
 
 def trace_json(
     spans: pl.DataFrame, tracks: pl.DataFrame, header: Mapping[str, Any], *, flows: bool = True, chunk: int = 500_000
-) -> Iterator[bytes]:
-    """The trace document in pieces: ``header`` keys (``distributedInfo`` ...), then ``traceEvents``:
-    metadata, complete events (``chunk`` at a time, so a large trace is never one string), flows."""
+) -> Iterator[bytes | pl.Series]:
+    """The trace document in pieces, to be written one after another: ``header`` keys
+    (``distributedInfo`` ...), then ``traceEvents``: metadata, complete events (``chunk`` at a time,
+    so a large trace is never one string), flows. A piece is bytes or a Series of lines (text that
+    ``write_lines`` writes without building one string of them)."""
     head = orjson.dumps(dict(header))
     yield head[:-1] + (b',"traceEvents":[\n' if len(head) > 2 else b'"traceEvents":[\n')
     first = True
     meta = metadata_lines(tracks)
     if meta:
-        yield ",\n".join(meta).encode()
+        yield LINE_SEPARATOR.join(meta).encode()
         first = False
-    pieces = [spans.slice(i, chunk) for i in range(0, spans.height, chunk)]
-    for piece in pieces:
-        text = event_lines(piece).str.join(",\n").item()
-        yield (b"" if first else b",\n") + text.encode()
+    for i in range(0, spans.height, chunk):
+        yield event_lines(spans.slice(i, chunk), first=first)
         first = False
     if flows:
-        lines = flow_lines(spans)
+        lines = flow_lines(spans, first=first)
         if lines.len():
-            yield (b"" if first else b",\n") + lines.str.join(",\n").item().encode()
+            yield lines
     yield b"\n]}\n"
+
+
+def write_lines(sink: Any, lines: pl.Series) -> None:
+    """Write each line of ``lines`` as it is (no quoting, nothing between lines; NULL writes nothing)."""
+    lines.to_frame().write_csv(sink, include_header=False, quote_style="never", line_terminator="")

@@ -121,9 +121,9 @@ def export_run(
     )
 
 
-def write_trace(path: Path, pieces: Iterable[bytes]) -> None:
-    """Write the pieces to ``path`` (gzip when it ends in ``.gz``) through a temporary file renamed
-    into place, so a failure leaves no partial trace.
+def write_trace(path: Path, pieces: Iterable[bytes | pl.Series]) -> None:
+    """Write the pieces (``trace_json``'s: bytes or a Series of lines) to ``path`` (gzip when it ends in
+    ``.gz``) through a temporary file renamed into place, so a failure leaves no partial trace.
 
     Raises:
         InputNotFoundError: the file cannot be written.
@@ -137,7 +137,10 @@ def write_trace(path: Path, pieces: Iterable[bytes]) -> None:
         with os.fdopen(fd, "wb") as raw:
             sink: Any = _gzip_writer(raw) if path.suffix == ".gz" else raw
             for piece in pieces:
-                sink.write(piece)
+                if isinstance(piece, pl.Series):
+                    ex.write_lines(sink, piece)
+                else:
+                    sink.write(piece)
             if sink is not raw:
                 sink.close()
         os.replace(tmp, path)
