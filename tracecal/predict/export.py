@@ -195,7 +195,8 @@ def graph_spans(
         pl.Series("_end", times[1::2]),
     )  # fmt: skip
     if "collective" in graph.features.columns:
-        frame = frame.join(graph.features.select("node", "collective"), on="node", how="left", maintain_order="left")
+        collectives = graph.features.select("node", "collective").filter(pl.col("collective").is_not_null())
+        frame = frame.join(collectives, on="node", how="left", maintain_order="left")
     offset = pl.col("rank").replace_strict(list(offsets), list(offsets.values()), default=0, return_dtype=pl.Int64)
     frame = frame.with_columns(
         (pl.col("_start") + graph.origin_ns - offset).alias("ts_ns"),
@@ -316,8 +317,8 @@ def assign_tracks(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, Trac
     """Process and thread ids of every span, spans that break their thread's nesting on overlap lanes.
 
     Returns:
-        The spans with ``pid``, ``tid`` (each thread's spans by start, longest first), the threads
-        (pid, tid, label, sort index), and a ``TrackReport``.
+        The spans (less their track columns) with ``pid``, ``tid`` (each thread's spans by start,
+        longest first), the threads (pid, tid, label, sort index), and a ``TrackReport``.
     """
     key = ["rank", "predicted", "track"]
     # one integer per (rank, timeline, track), so that millions of spans are grouped and sorted on it
@@ -327,22 +328,30 @@ def assign_tracks(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, Trac
         ((pl.col("rank") * 2 + pl.col("predicted").cast(pl.Int64)) * (1 << 32) + code).alias("_key"),
         (pl.col("ts_ns") + pl.col("dur_ns").fill_null(0).clip(lower_bound=0)).alias("_end"),
     )
+    firsts = spans.select(pl.col("_key").arg_unique())
     threads = (
-        spans.group_by("_key")
-        .agg(pl.col(key).first())
+        spans[firsts.to_series()]
+        .select("_key", *key)
         .sort("rank", "predicted", pl.col("track").cast(pl.String), maintain_order=True)
     )
-    spans = spans.with_columns(
-        pl.col("_key").replace_strict(threads["_key"], np.arange(threads.height), return_dtype=pl.Int64).alias("_t")
+    # the order is found on the keys alone, and only the columns a trace is written from move with it
+    order = spans.select(
+        pl.col("_key").replace_strict(threads["_key"], np.arange(threads.height), return_dtype=pl.Int64).alias("_t"),
+        "ts_ns",
+        "_end",
+        pl.int_range(pl.len()).alias("_row"),
     ).sort("_t", "ts_ns", "_end", descending=[False, False, True], maintain_order=True)
-    thread = spans["_t"].to_numpy()
-    lane = _lanes(thread, spans["ts_ns"].to_numpy(), spans["_end"].to_numpy())
+    thread = order["_t"].to_numpy()
+    rows = order["_row"].to_numpy()
+    lane = _lanes(thread, order["ts_ns"].to_numpy(), order["_end"].to_numpy())
     # each (thread, lane) is one track, named after its first span
     width = int(lane.max()) + 1 if lane.size else 1
     first = np.unique(thread * width + lane, return_index=True)[1] if width > 1 else _thread_bounds(thread)[0]
     tracks = (
-        spans[first]
-        .select(*key, "track_label", "track_order", "os_tid", pl.Series("lane", lane[first]), "_t")
+        spans[rows[first]]
+        .select(
+            *key, "track_label", "track_order", "os_tid", pl.Series("lane", lane[first]), pl.Series("_t", thread[first])
+        )
         .with_columns(pl.col("track", "track_label").cast(pl.String))
         .sort("rank", "predicted", "track_order", "track", "lane")
     )
@@ -365,8 +374,10 @@ def assign_tracks(spans: pl.DataFrame) -> tuple[pl.DataFrame, pl.DataFrame, Trac
         pl.int_range(pl.len()).over("rank", "predicted").alias("sort_index"),
     )
     by_code = tracks.select((pl.col("_t") * width + pl.col("lane")).alias("code"), "pid", "tid").sort("code")
-    row = np.searchsorted(by_code["code"].to_numpy(), thread * width + lane)
-    spans = spans.drop("_key", "_end", "_t").with_columns(
+    # every thread has a lane-0 track, so with one lane the codes are 0, 1, ... and a span's code is its row
+    row = thread if width == 1 else np.searchsorted(by_code["code"].to_numpy(), thread * width + lane)
+    track_columns = ["track", "track_label", "track_order", "os_tid", "_key", "_end"]
+    spans = spans.drop(track_columns)[rows].with_columns(
         pl.Series("pid", by_code["pid"].to_numpy()[row]), pl.Series("tid", by_code["tid"].to_numpy()[row])
     )
     moved = lane > 0
