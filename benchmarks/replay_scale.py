@@ -220,7 +220,8 @@ def main() -> None:
         print(
             f"export of the replay ({what}, {e['spans']:,.0f} spans, {e['tracks']:,.0f} threads, "
             f"{e['moved']:,.0f} moved to overlap threads): {e['total_s']:.1f} s wall / {e['total_cpu_s']:.1f} CPU-s "
-            f"(spans {e['spans_s']:.1f}, tracks {e['tracks_s']:.1f}, write {e['write_s']:.1f}), {e['mb']:.0f} MB gzip "
+            f"(wall / CPU-s: spans {e['spans_s']:.1f} / {e['spans_cpu_s']:.1f}, tracks {e['tracks_s']:.1f} / "
+            f"{e['tracks_cpu_s']:.1f}, write {e['write_s']:.1f} / {e['write_cpu_s']:.1f}), {e['mb']:.0f} MB gzip "
             f"at {args.export}; {e['total_s'] / TARGET_S:.2f} x the {TARGET_S:.0f} s target ({verdict})"
         )
 

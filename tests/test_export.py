@@ -15,6 +15,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tests.conftest import KINETO
@@ -217,3 +219,24 @@ def test_microseconds_text_reads_back_as_the_same_nanoseconds() -> None:
     assert text[:5] == ["0", "0.001", "0.999", "1", "1.500"] and text[-1] == "-2.500"
     parsed = _ns([json.loads(t) for t in text])
     assert parsed.to_pylist() == ns and parsed.type == pa.int64()
+
+
+def _walk_nests(starts: list[int], ends: list[int]) -> bool:
+    """Reference: one stack of open ends; a span must end inside the innermost span still open."""
+    stack: list[int] = []
+    for s, e in zip(starts, ends, strict=True):
+        while stack and stack[-1] <= s:
+            stack.pop()
+        if stack and e > stack[-1]:
+            return False
+        stack.append(e)
+    return True
+
+
+@given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 6)), min_size=1, max_size=14))
+def test_nesting_check_agrees_with_a_stack_walk(spans: list[tuple[int, int]]) -> None:
+    # sorted as a thread is: by start, longest first; ties, empty spans and touching ends included
+    ordered = sorted(spans, key=lambda sd: (sd[0], -sd[1]))
+    starts = np.array([s for s, _ in ordered])
+    ends = np.array([s + d for s, d in ordered])
+    assert ex._nests(starts, ends) == _walk_nests(starts.tolist(), ends.tolist())
