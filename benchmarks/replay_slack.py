@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -46,17 +45,9 @@ def shared_traces() -> list[Path]:
 
 def workload_runs(work: Path) -> list[Path]:
     """The test suite's four tiny layouts, trained into ``work`` unless already there."""
-    from tracecal.samplers.workload import WorkloadConfig, run_local
+    from tracecal.samplers.workload import TINY_LAYOUTS, run_local
 
-    tiny = WorkloadConfig(
-        layers=2, hidden=64, heads=4, seq=32, vocab=256, micro_batches=4, micro_batch_size=2, steps=4, timeout_s=120
-    )
-    layouts = {
-        "pp2": replace(tiny, pp=2),
-        "tp2": replace(tiny, pp=1, tp=2),
-        "dp2": replace(tiny, pp=1, dp=2, micro_batches=2, bucket_bytes=32 * 1024),
-        "pp2tp2": replace(tiny, pp=2, tp=2),
-    }
+    layouts = TINY_LAYOUTS
     out = []
     for name, cfg in layouts.items():
         run_dir = work / f"gpt_tiny_{name}"

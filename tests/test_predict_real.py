@@ -7,7 +7,6 @@ real data (a cycle, a dropped operator, a misplaced span).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -152,17 +151,9 @@ def test_cli_predict_errors_are_one_line(dlrm_db: Path) -> None:
 
 @pytest.fixture(scope="module")
 def workload_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tracecal.samplers.workload import WorkloadConfig, run_local
+    from tracecal.samplers.workload import TINY_LAYOUTS, run_local
 
-    tiny = WorkloadConfig(
-        layers=2, hidden=64, heads=4, seq=32, vocab=256, micro_batches=4, micro_batch_size=2, steps=4, timeout_s=120
-    )
-    layouts = {
-        "pp2": replace(tiny, pp=2),
-        "tp2": replace(tiny, pp=1, tp=2),
-        "dp2": replace(tiny, pp=1, dp=2, micro_batches=2, bucket_bytes=32 * 1024),
-        "pp2tp2": replace(tiny, pp=2, tp=2),
-    }
+    layouts = TINY_LAYOUTS
     root = tmp_path_factory.mktemp("workload")
     dirs = [run_local(cfg, root / f"gpt_tiny_{name}").out_dir for name, cfg in layouts.items()]
     db = root / "w.duckdb"

@@ -23,24 +23,14 @@ from typer.testing import CliRunner
 
 from tracecal.cli.main import app
 from tracecal.errors import WorkloadError
-from tracecal.samplers.workload import WorkloadConfig, run_local
+from tracecal.samplers.workload import TINY, TINY_LAYOUTS, WorkloadConfig, run_local
 from tracecal.samplers.workload.model import GPTStage
 from tracecal.samplers.workload.parallel import ParallelState
 from tracecal.samplers.workload.train import FAULT_ENV, plan_buckets
 
 pytestmark = pytest.mark.slow
 
-TINY = WorkloadConfig(
-    layers=2, hidden=64, heads=4, seq=32, vocab=256, micro_batches=4, micro_batch_size=2, steps=4, timeout_s=120
-)
-LAYOUTS = {
-    "pp2": replace(TINY, pp=2),
-    "tp2": replace(TINY, pp=1, tp=2),
-    # the global batch stays 8 samples: 2 replicas x 2 micro-batches x 2
-    "dp2": replace(TINY, pp=1, dp=2, micro_batches=2, bucket_bytes=32 * 1024),
-    # embedding, LM head and cross-entropy split by vocabulary over the TP pair
-    "pp2tp2": replace(TINY, pp=2, tp=2, vocab_parallel=True),
-}
+LAYOUTS = TINY_LAYOUTS
 
 
 CLI_OUTPUT: dict[str, str] = {}

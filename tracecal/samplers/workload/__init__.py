@@ -7,7 +7,7 @@
 torch: the training code (``train``, ``model``, ``parallel``, ``schedule``) is loaded only in the ranks.
 """
 
-from tracecal.samplers.workload.config import WorkloadConfig
+from tracecal.samplers.workload.config import TINY, TINY_LAYOUTS, WorkloadConfig
 from tracecal.samplers.workload.launch import LocalRun, run_local
 
-__all__ = ["LocalRun", "WorkloadConfig", "run_local"]
+__all__ = ["TINY", "TINY_LAYOUTS", "LocalRun", "WorkloadConfig", "run_local"]

@@ -11,7 +11,7 @@ the ranks and the tests share; it never imports torch.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from tracecal.errors import WorkloadError
@@ -210,3 +210,19 @@ class WorkloadConfig:
             pp_rank = self.coords(rank)[0]
             per_micro_batch += int(pp_rank == 0) + 4 * int(pp_rank == self.pp - 1)
         return per_micro_batch * self.micro_batches
+
+
+TINY = WorkloadConfig(
+    layers=2, hidden=64, heads=4, seq=32, vocab=256, micro_batches=4, micro_batch_size=2, steps=4, timeout_s=120
+)
+"""The smallest configuration worth tracing: seconds per run on two CPU cores (tests, benchmarks)."""
+
+TINY_LAYOUTS = {
+    "pp2": replace(TINY, pp=2),
+    "tp2": replace(TINY, pp=1, tp=2),
+    # the global batch stays 8 samples: 2 replicas x 2 micro-batches x 2
+    "dp2": replace(TINY, pp=1, dp=2, micro_batches=2, bucket_bytes=32 * 1024),
+    # embedding, LM head and cross-entropy split by vocabulary over the TP pair
+    "pp2tp2": replace(TINY, pp=2, tp=2, vocab_parallel=True),
+}
+"""The four parallel layouts CI trains at ``TINY`` size, by name."""
