@@ -93,6 +93,15 @@ COMM_COLUMNS = _cols(
 """Features of collectives shared by the ``collectives`` table and communication samples."""
 
 
+REPLAY_COLUMN = Column(
+    "replay",
+    "VARCHAR",
+    "fitted (the slack the dependency graph cannot explain kept as fixed lags) or dependency "
+    "(only dependencies and nominal lags); NULL in rows written before both were stored",
+)
+"""Which replay a ``predictions`` / ``components`` row belongs to."""
+
+
 # --- tables ----------------------------------------------------------------------------------------
 
 RUNS = Table(
@@ -397,12 +406,7 @@ PREDICTIONS = Table(
         ("duration_source", "VARCHAR", "model, measured (uncovered), or scale"),
         ("replay_start_ns", "BIGINT", "start in the replay, relative to the rank's replayed iteration start"),
         ("replay_end_ns", "BIGINT", "end in the replay, relative to the rank's replayed iteration start"),
-        (
-            "replay",
-            "VARCHAR",
-            "fitted (the slack the dependency graph cannot explain kept as fixed lags) or dependency "
-            "(only dependencies and nominal lags); NULL in rows written before both were stored",
-        ),
+        REPLAY_COLUMN,
         (
             "unexplained_ns",
             "BIGINT",
@@ -436,12 +440,7 @@ COMPONENTS = Table(
         ("predicted_ns", "BIGINT", "replayed time of the component (same accounting)"),
         ("error_pct", "DOUBLE", "(predicted − measured) / measured × 100; NULL when measured is 0"),
         ("covered_share", "DOUBLE", "share of the component's measured time predicted by a model (0–1)"),
-        (
-            "replay",
-            "VARCHAR",
-            "fitted (the slack the dependency graph cannot explain kept as fixed lags) or dependency "
-            "(only dependencies and nominal lags); NULL in rows written before both were stored",
-        ),
+        REPLAY_COLUMN,
         (
             "unexplained_ns",
             "BIGINT",
