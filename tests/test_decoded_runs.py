@@ -190,3 +190,33 @@ def test_flash_attention_causality_from_its_kernels() -> None:
     assert table["causal"].to_list() == [True] * table.height
     noncausal = frame.with_columns(pl.col("name").str.replace(", false, true,", ", false, false,", literal=True))
     assert not any(family_shape_table(noncausal)["causal"].fill_null(False))
+
+
+def test_layout_rendezvous_by_hand() -> None:
+    """Two stages: stage 0 runs 10 ns then sends (5 ns measured), stage 1 runs 30 ns then receives (8 ns,
+    its wait included): the transfer starts when the later arrives (30) and lasts the shorter (5)."""
+    import polars as pl
+
+    from tracecal.ingest.reconstruct import layout
+
+    def plan(durations: list[int], gaps: list[int], keys: list[str | None]) -> pl.DataFrame:
+        return pl.DataFrame({"dur_ns": durations, "gap_ns": gaps, "rendezvous": keys})
+
+    (s0, e0), (s1, e1) = layout([plan([10, 5, 4], [0, 0, 2], [None, "a", None]), plan([30, 8], [0, 0], [None, "a"])])
+    assert (s0.tolist(), e0.tolist()) == ([0, 10, 37], [10, 35, 41])
+    assert (s1.tolist(), e1.tolist()) == ([0, 30], [30, 35])
+    with pytest.raises(TraceFormatError, match="wait for each other"):
+        layout([plan([1, 1], [0, 0], ["x", "y"]), plan([1, 1], [0, 0], ["y", "x"])])
+
+
+def test_occurrences_undo_the_divide_by_three() -> None:
+    import polars as pl
+
+    from tracecal.ingest.decoded_run import occurrences
+
+    # 2 kernels of 10 us, true gap 1 us before the second, over N = 6 occurrences: written 1 * 6 / 3 = 2
+    table = pl.DataFrame({"dur_us": [10.0, 10.0], "overhead_us": [0.0, 2.0]})
+    assert occurrences(table, span_us=21.0, most=80) == pytest.approx(6.0)
+    assert occurrences(table, span_us=None, most=80) == 80.0  # no span: the most the traced window holds
+    assert occurrences(table, span_us=19.0, most=80) == 80.0  # a span shorter than the kernels says nothing
+    assert occurrences(table, span_us=20.01, most=80) == 80.0  # capped by what the window can hold
