@@ -220,3 +220,33 @@ def test_occurrences_undo_the_divide_by_three() -> None:
     assert occurrences(table, span_us=None, most=80) == 80.0  # no span: the most the traced window holds
     assert occurrences(table, span_us=19.0, most=80) == 80.0  # a span shorter than the kernels says nothing
     assert occurrences(table, span_us=20.01, most=80) == 80.0  # capped by what the window can hold
+
+
+def test_module_times_are_mean_gpu_spans_by_hand() -> None:
+    """Two occurrences of one frame on rank 0: spans 30 and 50 ns measured (10 and 20 replayed)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import polars as pl
+
+    from tracecal.predict.module_times import module_times, per_position
+
+    nodes = pl.DataFrame(
+        {"node": [0, 1, 2, 3], "node_kind": "activity", "rank": [0, 0, 0, 0], "event_id": [10, 11, 12, 13]}
+    )
+    measured = np.array([0, 10, 20, 30, 100, 120, 130, 150])  # start, end per node
+    replayed = np.array([0, 5, 5, 10, 100, 110, 110, 120])
+    prediction = SimpleNamespace(graph=SimpleNamespace(nodes=nodes, measured_times=measured), replayed=replayed)
+    members = pl.DataFrame(
+        {
+            "rank": [0, 0, 0, 0],
+            "scope_id": [1, 1, 2, 2],
+            "scope_name": ["deepspeed/runtime/pipe/module.py(319): forward"] * 4,
+            "event_id": [10, 11, 12, 13],
+        }
+    )
+    times = module_times(members, prediction)  # type: ignore[arg-type]
+    row = times.row(0, named=True)
+    assert (row["module"], row["occurrences"]) == ("stage_fwd", 2)
+    assert row["measured_us"] == pytest.approx(40 / 1e3) and row["predicted_us"] == pytest.approx(15 / 1e3)
+    assert per_position(times, [0, 4, 8], "measured_us") == {"stage_fwd": [0.04, 0.0, 0.0]}
