@@ -32,9 +32,9 @@ import time
 from pathlib import Path
 from unittest import mock
 
-from tracecal.sql import load
+from tracecal.pipeline import ingest as pipeline_ingest
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sql.connection import open_database
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 RUNS = [
@@ -58,7 +58,7 @@ def _ingest(run: Path, workers: int, decode: bool, cold: bool = False) -> tuple[
         if decode:
             ingest_runs(con, [run], IngestOptions(workers=workers))
         else:
-            with mock.patch.object(load, "decode_stored_run", lambda *a, **k: None):
+            with mock.patch.object(pipeline_ingest, "decode_stored_run", lambda *a, **k: None):
                 ingest_runs(con, [run], IngestOptions(workers=workers))
         return time.perf_counter() - wall, time.process_time() - cpu
 

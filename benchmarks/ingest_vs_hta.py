@@ -117,22 +117,22 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
         pool.start()
     fork_wall, fork_cpu = time.perf_counter() - started, usage.cpu_seconds(pool.helper_pids)
     importing = time.perf_counter(), usage.cpu_seconds()  # this process only: the helpers warm up meanwhile
-    for module in ("tracecal.sql.decoding", "tracecal.sql.connection", "tracecal.sql.load", "polars"):
+    for module in ("tracecal.pipeline.decode", "tracecal.sql.connection", "tracecal.pipeline.ingest", "polars"):
         importlib.import_module(module)
     from tracecal.config import resolve_cache_dir
-    from tracecal.sql import load
+    from tracecal.pipeline import ingest as pipeline_ingest
     from tracecal.sql.connection import open_database
 
     import_wall, import_cpu = time.perf_counter() - importing[0], usage.cpu_seconds() - importing[1]
-    decode_stored_run = load.decode_stored_run
+    decode_stored_run = pipeline_ingest.decode_stored_run
     marks: list[tuple[float, int]] = []  # (CPU s, peak RSS so far) when open, and when decoding starts
 
     def mark_then_decode(*args: Any, **kwargs: Any) -> Any:
         marks.append((usage.cpu_seconds(pool.helper_pids), usage.main_peak()))  # parse + load (every insert) done
         return decode_stored_run(*args, **kwargs)
 
-    load.decode_stored_run = mark_then_decode
-    flush = load._StoredRanks.flush
+    pipeline_ingest.decode_stored_run = mark_then_decode
+    flush = pipeline_ingest._StoredRanks.flush
     inserting = [0.0]  # wall seconds in the events INSERTs: work only this process can do
 
     def timed_flush(self: Any) -> None:
@@ -140,12 +140,15 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
         flush(self)
         inserting[0] += time.perf_counter() - at
 
-    load._StoredRanks.flush = timed_flush  # type: ignore[method-assign]
+    pipeline_ingest._StoredRanks.flush = timed_flush  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as tmp:
         database = Path(tmp) / "bench.duckdb"
-        with pool, open_database(database, cache_dir=resolve_cache_dir(), threads=load.INGEST_THREADS) as con:
+        with (
+            pool,
+            open_database(database, cache_dir=resolve_cache_dir(), threads=pipeline_ingest.INGEST_THREADS) as con,
+        ):
             marks.append((usage.cpu_seconds(pool.helper_pids), usage.main_peak()))
-            report = load.ingest_runs(con, [run], load.IngestOptions(workers=workers), pool=pool)
+            report = pipeline_ingest.ingest_runs(con, [run], pipeline_ingest.IngestOptions(workers=workers), pool=pool)
         wall = time.perf_counter() - started - import_wall
         cpu = usage.cpu_seconds() - import_cpu  # the helpers are reaped now
     (result,) = report.runs

@@ -31,11 +31,11 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.graph import ReplayInputs, build_graph
 from tracecal.predict.replay import replay
 from tracecal.predict.store import load_iteration
 from tracecal.sql.connection import open_database
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 TARGET_S = 30.0

@@ -26,12 +26,12 @@ from pathlib import Path
 
 import polars as pl
 
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.graph import build_graph
 from tracecal.predict.run import predict_iteration, slack_report
 from tracecal.predict.slack import landing
 from tracecal.predict.store import load_iteration
 from tracecal.sql.connection import open_database
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "traces"
 WHAT_IF = (0.5, 2.0)

@@ -14,11 +14,11 @@ import polars as pl
 from decode_helpers import events, op, step
 
 from tracecal.decode.align import match_collectives
-from tracecal.decode.collectives import Layout
 from tracecal.decode.rank import decode_rank
+from tracecal.ingest.discover import ParallelLayout
 
-PP2 = Layout(world_size=2, pp=2, tp=1, dp=1)
-DP2 = Layout(world_size=2, pp=1, tp=1, dp=2)
+PP2 = ParallelLayout(world_size=2, pp=2, tp=1, dp=1)
+DP2 = ParallelLayout(world_size=2, pp=1, tp=1, dp=2)
 
 
 def scope(name: str, ts: int, dur: int) -> dict[str, Any]:

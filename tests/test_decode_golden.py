@@ -10,13 +10,14 @@ import pytest
 from decode_helpers import events, kernel, launch, op, step
 
 from tracecal.decode.align import apply_offsets, best_iteration, clock_offsets, match_collectives
-from tracecal.decode.collectives import Layout, busbw_factor, normalize_collective, role_of_group
+from tracecal.decode.collectives import busbw_factor, normalize_collective, role_of_group
 from tracecal.decode.rank import decode_rank
 from tracecal.errors import RunNotFoundError, TraceFormatError
+from tracecal.ingest.discover import ParallelLayout
+from tracecal.pipeline.decode import decode_stored_run
 from tracecal.sql.connection import open_database
-from tracecal.sql.decoding import decode_stored_run
 
-NO_LAYOUT = Layout(world_size=2)
+NO_LAYOUT = ParallelLayout(world_size=2)
 
 
 def by_id(frame: pl.DataFrame, event_id: int) -> dict:
@@ -254,7 +255,7 @@ def test_cpu_only_rank_leaf_operators_and_gloo_collectives() -> None:
             },  # 4: the work itself
         ]
     )
-    d = decode_rank(ev, rank=3, layout=Layout(world_size=4))
+    d = decode_rank(ev, rank=3, layout=ParallelLayout(world_size=4))
     assert not d.gpu
     assert sorted(d.operators["event_id"].to_list()) == [2, 3, 4]
     assert set(d.operators["link"].to_list()) == {"self"}
@@ -264,13 +265,13 @@ def test_cpu_only_rank_leaf_operators_and_gloo_collectives() -> None:
 
 
 def test_roles_from_layout_and_names() -> None:
-    lay = Layout(world_size=16, pp=2, tp=4, dp=2)  # Megatron: rank = pp*8 + dp*4 + tp
+    lay = ParallelLayout(world_size=16, pp=2, tp=4, dp=2)  # Megatron: rank = pp*8 + dp*4 + tp
     assert role_of_group([0, 1, 2, 3], lay) == "tp"
     assert role_of_group([1, 5], lay) == "dp"
     assert role_of_group([3, 11], lay) == "pp"
     assert role_of_group([0, 2], lay) is None
-    assert role_of_group(list(range(16)), Layout(world_size=16, pp=1, tp=1, dp=16)) == "dp"
-    assert role_of_group([0, 1], Layout(world_size=2)) is None  # layout unknown
+    assert role_of_group(list(range(16)), ParallelLayout(world_size=16, pp=1, tp=1, dp=16)) == "dp"
+    assert role_of_group([0, 1], ParallelLayout(world_size=2)) is None  # layout unknown
     assert normalize_collective("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == "all_gather"
     assert normalize_collective("nccl:_all_gather_base") == "all_gather"
     assert normalize_collective("c10d::alltoall_base_") == "all_to_all"
@@ -305,8 +306,8 @@ def test_send_recv_peers_from_args_and_pairing() -> None:
             ]
         return events(rows, rank=rank)
 
-    d0 = decode_rank(rank_events(0, "send", {"dst_rank": 1}), rank=0, layout=Layout(world_size=4))
-    d1 = decode_rank(rank_events(1, "recv", {"src_rank": 0}), rank=1, layout=Layout(world_size=4))
+    d0 = decode_rank(rank_events(0, "send", {"dst_rank": 1}), rank=0, layout=ParallelLayout(world_size=4))
+    d1 = decode_rank(rank_events(1, "recv", {"src_rank": 0}), rank=1, layout=ParallelLayout(world_size=4))
     both = match_collectives(pl.concat([d0.collectives, d1.collectives]))
     assert both.select("rank", "name", "peer", "size_bytes").rows() == [
         (0, "send", 1, 1024),
@@ -351,7 +352,7 @@ def test_gloo_work_linked_to_its_c10d_call_role_group_and_peer_from_layout() -> 
         ],
         rank=1,
     )
-    d = decode_rank(ev, rank=1, layout=Layout(world_size=4, pp=2, tp=2, dp=1))
+    d = decode_rank(ev, rank=1, layout=ParallelLayout(world_size=4, pp=2, tp=2, dp=1))
     c = d.collectives.sort("ts_ns").select("event_id", "name", "role", "group_key", "group_size", "peer", "pg_ranks")
     assert c.rows() == [(3, "all_reduce", "tp", "[0,1]", 2, None, None), (6, "send", "pp", "[1,3]", 2, 3, None)]
     ops = d.operators.sort("event_id")

@@ -10,8 +10,8 @@ import duckdb
 import pytest
 from conftest import KINETO
 
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sql.connection import open_database
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 CASES = {
     "dlrm_8rank": KINETO / "dlrm_8rank",

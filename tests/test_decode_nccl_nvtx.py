@@ -10,10 +10,10 @@ import polars as pl
 from decode_helpers import events, kernel, launch, step
 
 from tracecal.decode.align import match_collectives
-from tracecal.decode.collectives import Layout
 from tracecal.decode.rank import decode_rank
+from tracecal.ingest.discover import ParallelLayout
 
-WORLD4 = Layout(world_size=4)
+WORLD4 = ParallelLayout(world_size=4)
 COLL = {"ncclAllReduce": "allreduce", "ncclAllGather": "allgather", "ncclSend": "send", "ncclRecv": "recv"}
 
 
@@ -83,7 +83,7 @@ def test_a_grouped_send_takes_its_peer_and_nested_groups_launch_at_the_outermost
             kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", 1, 400, 64),
         ]
 
-    decoded = [decode_rank(events(rank_rows(r), rank=r), rank=r, layout=Layout(world_size=2)) for r in (0, 1)]
+    decoded = [decode_rank(events(rank_rows(r), rank=r), rank=r, layout=ParallelLayout(world_size=2)) for r in (0, 1)]
     colls = match_collectives(pl.concat([d.collectives for d in decoded])).sort("rank")
     assert colls.select("rank", "name", "peer", "size_bytes").rows() == [(0, "send", 1, 2048), (1, "recv", 0, 2048)]
     assert colls["match_id"].n_unique() == 1 and colls["match_id"].null_count() == 0

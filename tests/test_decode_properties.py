@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from tracecal.decode.nesting import covered, enclosing, parents
 from tracecal.schema import ITERATIONS, OPERATORS
 from tracecal.sql.connection import ensure_schema
-from tracecal.sql.decoding import _insert
+from tracecal.sql.loaders import insert_frame
 
 
 @st.composite
@@ -135,7 +135,7 @@ def test_breakdowns_sum_to_span(con: duckdb.DuckDBPyConnection, acts: list) -> N
         },
         orient="row",
     )
-    _insert(con, OPERATORS, ops)
+    insert_frame(con, OPERATORS, ops)
     spans = ops.group_by("rank").agg(
         pl.col("ts_ns").min().alias("s"), (pl.col("ts_ns") + pl.col("dur_ns")).max().alias("e")
     )
@@ -152,7 +152,7 @@ def test_breakdowns_sum_to_span(con: duckdb.DuckDBPyConnection, acts: list) -> N
         pl.col("e").alias("aligned_end_ns"),
         (pl.col("e") - pl.col("s")).alias("dur_ns"),
     )
-    _insert(con, ITERATIONS, its)
+    insert_frame(con, ITERATIONS, its)
     comp = con.execute(
         "SELECT rank, sum(time_ns), any_value(span_ns), min(time_ns) FROM component_breakdown GROUP BY rank"
     ).fetchall()

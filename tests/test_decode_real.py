@@ -12,10 +12,11 @@ from typer.testing import CliRunner
 
 from tracecal.cli.main import app
 from tracecal.decode.rank import DECODE_COLUMNS
-from tracecal.sql import decoding, load
+from tracecal.pipeline import decode as pipeline_decode
+from tracecal.pipeline import ingest as pipeline_ingest
+from tracecal.pipeline.decode import decode_stored_run
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sql.connection import open_database, query_arrow
-from tracecal.sql.decoding import decode_stored_run
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 DLRM = KINETO / "dlrm_8rank"
 SINGLES = {
@@ -131,9 +132,13 @@ def test_handoff_and_read_back_decode_the_same_rows(tmp_path: Path, monkeypatch:
     """Inside ingest the loader hands its events to decode (nothing read back); a re-decode reads them
     from the database, and a run over the hand-off budget is read back in batches of ranks: the same rows."""
     reads: list[list] = []
-    read = decoding.query_arrow
+    read = pipeline_decode.read_events
     monkeypatch.setattr(
-        decoding, "query_arrow", lambda con, sql, params: reads.append(params) or read(con, sql, params)
+        pipeline_decode,
+        "read_events",
+        lambda con, run_id, columns, first, last: (
+            reads.append([run_id, first, last]) or read(con, run_id, columns, first, last)
+        ),
     )
     with open_database(tmp_path / "a.duckdb") as con:
         ingest_runs(con, [DLRM], IngestOptions(workers=1))
@@ -143,7 +148,7 @@ def test_handoff_and_read_back_decode_the_same_rows(tmp_path: Path, monkeypatch:
         decode_stored_run(con, "dlrm_8rank")
         assert reads == [["dlrm_8rank", 0, 7]] and _derived_rows(con) == handed
     reads.clear()
-    monkeypatch.setattr(decoding, "BATCH_EVENTS", 5_000)  # dlrm ranks have ~2 500 events: kept no longer
+    monkeypatch.setattr(pipeline_decode, "BATCH_EVENTS", 5_000)  # dlrm ranks have ~2 500 events: kept no longer
     with open_database(tmp_path / "b.duckdb") as con:
         ingest_runs(con, [DLRM], IngestOptions(workers=1))
         assert len(reads) > 1 and reads[0][1] == 0 and reads[-1][2] == 7  # ranks read back in batches
@@ -155,7 +160,9 @@ def test_handoff_events_equal_the_read_back(run: Path, tmp_path: Path, monkeypat
     """The hand-off's frame (dictionary-encoded strings of several ranks, columns without values)
     has the rows, values and types of the events read back from the database."""
     handed: list[pl.DataFrame] = []
-    monkeypatch.setattr(load, "decode_stored_run", lambda con, run_id, handoff, **_: handed.append(handoff.events()))
+    monkeypatch.setattr(
+        pipeline_ingest, "decode_stored_run", lambda con, run_id, handoff, **_: handed.append(handoff.events())
+    )
     with open_database(tmp_path / "h.duckdb") as con:
         ingest_runs(con, [run], IngestOptions(workers=1))
         read = pl.from_arrow(

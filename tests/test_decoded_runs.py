@@ -17,10 +17,10 @@ from tracecal.cli.main import app
 from tracecal.errors import InputNotFoundError, TraceFormatError
 from tracecal.ingest.neox_log import parse_neox_log
 from tracecal.ingest.pipeline_schedule import stage_instructions
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.published import CSV_COLUMNS
 from tracecal.predict.published_runs import validate_decoded_run
 from tracecal.sql.connection import open_database
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 RUNS = GPUMODELING25 / "runs" / "perlmutter"
 LLEMMA = RUNS / "llemma_7B_4_2_2_4_4"

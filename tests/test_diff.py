@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 from tests.conftest import KINETO
 from tracecal.cli.main import app
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict import diff as dm
 from tracecal.predict.diff_store import diff_predicted, diff_runs
 from tracecal.sql.connection import open_database
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 
 def _side(label: str, rows: list[tuple[int, str, float, float]], iterations: dict[int, float]) -> dm.Side:

@@ -22,8 +22,8 @@ from tracecal.ingest.discover import (
     world_size_of,
 )
 from tracecal.ingest.parse import parse_trace_file
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sql.connection import open_database
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 PERLMUTTER = GPUMODELING25 / "runs" / "perlmutter"
 

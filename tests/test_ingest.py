@@ -25,9 +25,9 @@ from tracecal.ingest import pool
 from tracecal.ingest.discover import discover_run
 from tracecal.ingest.parse import parse_trace_file
 from tracecal.ingest.trace import ParsedRank
-from tracecal.sql import load
+from tracecal.pipeline import ingest as pipeline_ingest
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sql.connection import open_database
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 SHARED_FILES = sorted(KINETO.glob("*/*.json.gz"))
 RUNS = [KINETO / "dlrm_8rank", KINETO / "sampled_2_of_128", *sorted((KINETO / "single").glob("*.json.gz"))]
@@ -91,16 +91,16 @@ def test_every_shared_trace_matches_an_independent_reading(shared_db: Path, trac
 
 def test_trace_ingest_dlrm_gives_eight_ranks(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     threads: list[object] = []
-    real_ingest_runs = load.ingest_runs
+    real_ingest_runs = pipeline_ingest.ingest_runs
 
     def ingest_runs_noting_threads(con: duckdb.DuckDBPyConnection, *args: Any, **kwargs: Any) -> Any:
         threads.append(con.execute("SELECT current_setting('threads')").fetchall()[0][0])
         return real_ingest_runs(con, *args, **kwargs)
 
-    monkeypatch.setattr(load, "ingest_runs", ingest_runs_noting_threads)
+    monkeypatch.setattr(pipeline_ingest, "ingest_runs", ingest_runs_noting_threads)
     result = runner.invoke(app, ["ingest", str(KINETO / "dlrm_8rank"), "--db", str(db_path), "--workers", "2"])
     assert result.exit_code == 0, result.output
-    assert threads == [load.INGEST_THREADS]  # the command's connection is opened with it
+    assert threads == [pipeline_ingest.INGEST_THREADS]  # the command's connection is opened with it
     assert "dlrm_8rank" in result.output
     with duckdb.connect(str(db_path), read_only=True) as con:
         ranks = [r for (r,) in con.execute("SELECT rank FROM ranks WHERE run_id = 'dlrm_8rank' ORDER BY 1").fetchall()]
@@ -147,8 +147,8 @@ def test_batched_and_per_rank_inserts_store_the_same_rows(tmp_path: Path, monkey
     connection's thread setting (one thread while inserting) is restored."""
     query = "SELECT * EXCLUDE (run_id) FROM events ORDER BY rank, event_id"
     tables = []
-    for batch_rows in (load.INSERT_BATCH_ROWS, 1):
-        monkeypatch.setattr(load, "INSERT_BATCH_ROWS", batch_rows)
+    for batch_rows in (pipeline_ingest.INSERT_BATCH_ROWS, 1):
+        monkeypatch.setattr(pipeline_ingest, "INSERT_BATCH_ROWS", batch_rows)
         with open_database(tmp_path / f"b{batch_rows}.duckdb") as con:
             con.execute("SET threads = 2")
             ingest_runs(con, [KINETO / "dlrm_8rank"], IngestOptions(workers=1))
@@ -277,7 +277,7 @@ keep_pandas_out_of_pyarrow()  # as trace-ingest does first
 from tracecal.ingest.pool import ParserPool
 pool = ParserPool(2).start()  # as trace-ingest: helpers forked before DuckDB and the loader are imported
 from tracecal.sql.connection import open_database, query_arrow
-from tracecal.sql.load import IngestOptions, ingest_runs
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 with tempfile.TemporaryDirectory() as tmp, pool, open_database(Path(tmp) / "t.duckdb") as con:
     report = ingest_runs(con, [Path(sys.argv[1])], IngestOptions(workers=2), pool=pool)
     events = query_arrow(con, "SELECT * FROM events LIMIT 3")

@@ -15,8 +15,8 @@ from tests.conftest import INVALID, KINETO
 from tracecal.cli.main import app
 from tracecal.errors import RankConflictError, TraceFormatError
 from tracecal.ingest import pool
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sql.connection import open_database
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 runner = CliRunner()
 RANK0 = next((KINETO / "dlrm_8rank").glob("worker0_*"))

@@ -19,9 +19,9 @@ from tracecal.errors import TraceFormatError
 from tracecal.ingest import event_chunks, kineto
 from tracecal.ingest.kineto import parse_kineto_file
 from tracecal.ingest.trace import EventsFile
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.schema import RUN_TABLES
 from tracecal.sql.connection import open_database
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 SHARED = [
     KINETO / "single" / "v100_resnet50_2021_schema.pt.trace.json.gz",  # a top-level array

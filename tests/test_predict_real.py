@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 
 from tests.conftest import KINETO, NSYS
 from tracecal.cli.main import app
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.components import ALL_COMPONENTS
 from tracecal.predict.run import predict_iteration
 from tracecal.predict.store import load_iteration, predict_stored_run
 from tracecal.sql.connection import open_database
-from tracecal.sql.load import IngestOptions, ingest_runs
 
 DLRM = KINETO / "dlrm_8rank"
 

@@ -121,7 +121,7 @@ def test_unknown_run_and_run_without_compute_ops(db_path: Path) -> None:
 def test_from_run_samples_the_gemm_shapes_of_an_ingested_shared_trace(db_path: Path) -> None:
     """BERT inference on an H100 (bf16): after ingest, every traced GEMM shape is sampled on this CPU,
     and samples join the operators table on the shape columns."""
-    from tracecal.sql.load import IngestOptions, ingest_runs
+    from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 
     trace = KINETO / "single" / "h100_bert_small_inference.json.gz"
     with open_database(db_path) as con:

@@ -155,8 +155,8 @@ def _train(run_dir: Path, pp: int, tp: int, dp: int, steps: int, device: str, ti
 
 
 def _ingest(db: Path, run_dir: Path, run_id: str, timings: dict[str, float]) -> None:
+    from tracecal.pipeline.ingest import IngestOptions, ingest_runs
     from tracecal.sql.connection import open_database
-    from tracecal.sql.load import IngestOptions, ingest_runs
 
     with _stage(2, "ingest", f"parse and decode {run_dir.name} into {db.name}", timings), open_database(db) as con:
         report = ingest_runs(con, [run_dir], IngestOptions(cluster=CLUSTER, workers=2))

@@ -16,8 +16,8 @@ from tracecal.errors import TracecalError
 from tracecal.ingest.discover import ParallelLayout
 
 if TYPE_CHECKING:  # imported by ``ingest`` after it forks the parser helpers (see there)
-    from tracecal.sql.decoding import DecodeSummary
-    from tracecal.sql.load import IngestReport, Progress
+    from tracecal.pipeline.decode import DecodeSummary
+    from tracecal.pipeline.ingest import IngestReport, Progress
 
 
 def ingest(
@@ -61,8 +61,8 @@ def ingest(
             # DuckDB, polars and the loader are not even imported (a smaller process to fork).
             pool.start()
         with pool:
+            from tracecal.pipeline.ingest import INGEST_THREADS, IngestOptions, ingest_runs
             from tracecal.sql.connection import open_database
-            from tracecal.sql.load import INGEST_THREADS, IngestOptions, ingest_runs
 
             options = IngestOptions(
                 run_id=run_id,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Collection
-from dataclasses import dataclass
 
 import numpy as np
 import orjson
@@ -29,20 +28,11 @@ from tracecal.decode.frames import nulls, taken
 from tracecal.decode.nccl_api import nccl_api_fields
 from tracecal.decode.nesting import ENGINE, NameIndex, covered, enclosing, launch_points, names_like, rows_of
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
+from tracecal.ingest.discover import ParallelLayout
 
 COMM_KERNEL = r"(?i)^(nccl|rccl)\w*Kernel|^ncclDevKernel|^ncclKernel"
 CPU_WORK = r"^gloo:"
 _ANNOTATION = r"^(nccl|gloo|rccl):"
-
-
-@dataclass(frozen=True)
-class Layout:
-    """The run's parallel layout (``runs`` row); any field may be unknown (None)."""
-
-    world_size: int | None = None
-    pp: int | None = None
-    tp: int | None = None
-    dp: int | None = None
 
 
 _COLL_DTYPES = {"byte": "uint8", "char": "int8", "short": "int16", "int": "int32", "long": "int64"}
@@ -145,7 +135,7 @@ def parse_ranks(text: str | None) -> list[int] | None:
     return None
 
 
-def role_of_group(ranks: list[int] | None, layout: Layout) -> str | None:
+def role_of_group(ranks: list[int] | None, layout: ParallelLayout) -> str | None:
     """Role of a process group from its global ranks and the run's layout (docs/decode.md#components).
 
     Megatron orders ranks TP fastest, then DP, then PP: a TP group is ``tp`` consecutive ranks, a DP
@@ -292,7 +282,7 @@ def _context_attrs(events: pl.DataFrame, inst: pl.DataFrame, names: NameIndex | 
     return pl.DataFrame(columns)
 
 
-def layout_group(rank: int, role: str, layout: Layout) -> list[int] | None:
+def layout_group(rank: int, role: str, layout: ParallelLayout) -> list[int] | None:
     """The global ranks of ``rank``'s ``role`` group under Megatron order (TP fastest, then DP, then PP)."""
     tp, dp, pp = layout.tp, layout.dp, layout.pp
     if tp is None or dp is None or pp is None or role not in ("tp", "dp", "pp"):
@@ -487,7 +477,7 @@ def rank_collectives(
     events: pl.DataFrame,
     operators: pl.DataFrame,
     *,
-    layout: Layout,
+    layout: ParallelLayout,
     gpu_ranks: Collection[int],
     names: NameIndex | None = None,
 ) -> pl.DataFrame:

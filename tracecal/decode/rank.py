@@ -15,7 +15,7 @@ import polars as pl
 
 from tracecal.decode import classify, collectives, link
 from tracecal.decode.classify import component_expr, phases_plan
-from tracecal.decode.collectives import Layout, rank_collectives
+from tracecal.decode.collectives import rank_collectives
 from tracecal.decode.frames import coalesce, with_series
 from tracecal.decode.iterations import DEFAULT_MARKER, iteration_spans, iteration_windows, window_of
 from tracecal.decode.link import (
@@ -28,6 +28,7 @@ from tracecal.decode.link import (
 )
 from tracecal.decode.nesting import ENGINE, NameIndex
 from tracecal.decode.shapes import family_shape_table
+from tracecal.ingest.discover import ParallelLayout
 from tracecal.schema import OPERATORS
 
 DECODE_COLUMNS = (
@@ -68,7 +69,7 @@ class RankDecode:
         return not self.unmarked_ranks
 
 
-def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = None) -> RankDecode:
+def decode_ranks(events: pl.DataFrame, *, layout: ParallelLayout, marker: str | None = None) -> RankDecode:
     """Decode the events of one or more ranks (a ``rank`` column tells them apart).
 
     Args:
@@ -138,6 +139,6 @@ def decode_ranks(events: pl.DataFrame, *, layout: Layout, marker: str | None = N
     )
 
 
-def decode_rank(events: pl.DataFrame, *, rank: int, layout: Layout, marker: str | None = None) -> RankDecode:
+def decode_rank(events: pl.DataFrame, *, rank: int, layout: ParallelLayout, marker: str | None = None) -> RankDecode:
     """Decode one rank's events (``decode_ranks`` with the rank column set to ``rank``)."""
     return decode_ranks(events.with_columns(pl.lit(rank, dtype=pl.Int32).alias("rank")), layout=layout, marker=marker)

@@ -58,7 +58,12 @@ class TraceFile:
 
 @dataclass(frozen=True)
 class ParallelLayout:
-    """PP × TP × DP and nodes × GPUs per node, with where they came from. Unknown values are None."""
+    """PP × TP × DP, nodes × GPUs per node and the world size, with where they came from (the
+    ``runs`` row's layout columns). Unknown values are None.
+
+    Discovery fills what the run directory says; the ingest sets ``world_size`` once the ranks are
+    parsed, and decode reads the layout to tell collective roles (``tracecal.decode.collectives``).
+    """
 
     pp: int | None = None
     tp: int | None = None
@@ -68,6 +73,7 @@ class ParallelLayout:
     model: str | None = None
     source: str | None = None
     metadata: dict[str, Any] | None = None
+    world_size: int | None = None
 
     @property
     def known(self) -> bool:
@@ -77,7 +83,7 @@ class ParallelLayout:
         """This layout, with fields it leaves unknown taken from ``fallback``."""
         values = {
             name: getattr(self, name) if getattr(self, name) is not None else getattr(fallback, name)
-            for name in ("pp", "tp", "dp", "nodes", "gpus_per_node", "model", "metadata")
+            for name in ("pp", "tp", "dp", "nodes", "gpus_per_node", "model", "metadata", "world_size")
         }
         return ParallelLayout(**values, source=self.source or fallback.source)
 

@@ -1,1 +1,1 @@
-"""DuckDB side: connection and schema, loading runs, and the *.sql views users query."""
+"""DuckDB side: the connection and schema, the loaders (inserting and replacing rows), and the views."""

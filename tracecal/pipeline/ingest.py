@@ -1,4 +1,4 @@
-"""Loading runs into the database: discover, parse in worker processes, insert, one transaction per run.
+"""Ingesting runs: discover, parse in worker processes, insert, decode, one transaction per run.
 
 ``ingest_runs(con, run_dirs, options) -> IngestReport`` is the library side of ``trace-ingest``.
 Files are parsed by this process and helper processes (``tracecal.ingest.pool``: each parser claims
@@ -6,9 +6,10 @@ the run's next file, at most one in flight per parser; small runs in this proces
 rank is inserted (batched, see ``INSERT_BATCH_ROWS``) as it arrives and then dropped, so neither a
 helper nor the loader ever holds a whole run. The helpers start on a run's files before its
 transaction is opened; near the end of a run the loader inserts what it holds before taking another
-file, so that little is left to insert after the last one. Each run is one
-DuckDB transaction: its old rows are deleted from every run table, the new ones inserted and decoded,
-and any failure rolls back so the database is unchanged.
+file, so that little is left to insert after the last one. Each run is one DuckDB transaction: its
+old rows are deleted from every run table, the new ones inserted and decoded, and any failure rolls
+back so the database is unchanged. The statements are ``tracecal.sql.loaders``'s; decoding is
+``tracecal.pipeline.decode``'s.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracecal import __version__
-from tracecal.decode.collectives import Layout
 from tracecal.decode.iterations import DEFAULT_MARKER
 from tracecal.errors import RankConflictError, TracecalError
 from tracecal.ingest.discover import (
@@ -44,8 +44,16 @@ from tracecal.ingest.discover import (
 from tracecal.ingest.pool import OnError, ParserPool, Parsing, Skipped
 from tracecal.ingest.reconstruct import RebuiltRun, rebuild_run
 from tracecal.ingest.trace import EventsFile, ParsedRank
-from tracecal.schema import RANKS, RUN_TABLES, RUNS, arrow_schema
-from tracecal.sql.decoding import DecodeHandoff, DecodeSummary, StoredRun, decode_stored_run
+from tracecal.pipeline.decode import DecodeHandoff, DecodeSummary, decode_stored_run
+from tracecal.schema import RANKS, RUNS, arrow_schema
+from tracecal.sql.loaders import (
+    OneThreadForLargeInserts,
+    delete_run,
+    insert_events,
+    insert_events_file,
+    insert_rows,
+    set_ingest_seconds,
+)
 
 
 @dataclass(frozen=True)
@@ -210,7 +218,7 @@ def _ingest_run(
         con.execute("BEGIN TRANSACTION")
         began = True
         # Step 1: re-ingest replaces — the run's rows go from every run-keyed table.
-        _delete_run(con, run_id)
+        delete_run(con, run_id)
 
         # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
         # While this process waits for helper processes, it inserts the ranks it holds.
@@ -231,20 +239,16 @@ def _ingest_run(
             layout = run.layout
             if not layout.known:
                 layout = (layout_from_process_groups(stored.process_groups) or ParallelLayout()).merged(layout)
-            _insert_rows(con, RANKS.name, arrow_schema(RANKS), [{**r, "run_id": run_id} for r in stored.rows])
+            insert_rows(con, RANKS.name, arrow_schema(RANKS), [{**r, "run_id": run_id} for r in stored.rows])
             load_seconds = time.perf_counter() - started
-            _insert_rows(
+            insert_rows(
                 con,
                 RUNS.name,
                 arrow_schema(RUNS),
                 [_run_row(run_id, run, options, layout, world_size, len(stored.rows), load_seconds)],
             )
-            stored.handoff.run = StoredRun(
-                Layout(world_size=world_size, pp=layout.pp, tp=layout.tp, dp=layout.dp),
-                nodes=layout.nodes,
-                gpus_per_node=layout.gpus_per_node,
-                iteration_marker=_iteration_marker(options),
-            )
+            stored.handoff.layout = replace(layout, world_size=world_size)
+            stored.handoff.iteration_marker = _iteration_marker(options)
 
             # Step 4: decode (operators, collectives, iterations) inside the run's transaction.
             decoded = decode_stored_run(con, run_id, iteration_marker=options.iteration_marker, handoff=stored.handoff)
@@ -252,7 +256,7 @@ def _ingest_run(
             stored.threads.restore()
 
         seconds = time.perf_counter() - started
-        con.execute("UPDATE runs SET ingest_seconds = ? WHERE run_id = ?", [seconds, run_id])
+        set_ingest_seconds(con, run_id, seconds)
         con.execute("COMMIT")
     except BaseException:
         if began:
@@ -304,7 +308,7 @@ class _StoredRanks:
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
         self.handoff = DecodeHandoff()  # what decode reads instead of reading the events back
-        self.threads = _OneThreadForLargeInserts(con)
+        self.threads = OneThreadForLargeInserts(con)
 
     def add(self, trace_file: TraceFile, parsed: list[ParsedRank]) -> None:
         """Store the events of every rank of one file (now, or with the next ranks).
@@ -348,11 +352,7 @@ class _StoredRanks:
         self.handoff.keep_none()
         self.threads.before_insert(events.rows)
         try:
-            self.con.execute(
-                "INSERT INTO events BY NAME SELECT * REPLACE ($run_id AS run_id, $rank::INTEGER AS rank) "
-                "FROM read_parquet($path)",
-                {"run_id": self.run_id, "rank": rank, "path": str(events.path)},
-            )
+            insert_events_file(self.con, events.path, self.run_id, rank)
         finally:
             events.path.unlink(missing_ok=True)
 
@@ -360,54 +360,18 @@ class _StoredRanks:
         """Insert the waiting events (one statement) and drop them."""
         if not self.pending:
             return
-        _tracecal_rank_events = self.pending[0] if len(self.pending) == 1 else pa.concat_tables(self.pending)
-        self.threads.before_insert(_tracecal_rank_events.num_rows)
+        events = self.pending[0] if len(self.pending) == 1 else pa.concat_tables(self.pending)
+        self.threads.before_insert(events.num_rows)
         self.pending, self.pending_rows = [], 0
-        # Read by DuckDB's replacement scan (a local Arrow table named in the query): unlike
-        # register/unregister, no view is created and dropped in the run's transaction (≈1.5 ms a flush).
-        # BY NAME: a parser may leave out columns it never fills; they become NULL.
-        self.con.execute("INSERT INTO events BY NAME SELECT * FROM _tracecal_rank_events")
+        insert_events(self.con, events)
 
 
 INGEST_THREADS = 1
 """DuckDB threads for a connection opened only to ingest (``trace-ingest``: ``open_database(...,
 threads=INGEST_THREADS)``): its inserts from Arrow, and decode's, cost less CPU on one thread (see
-``_OneThreadForLargeInserts``), while the other cores parse; set when connecting, it costs nothing,
+``tracecal.sql.loaders.OneThreadForLargeInserts``), while the other cores parse; set when connecting, it costs nothing,
 where changing it on an open connection costs a few ms in every run (h100, fresh process, 8 runs
 each: parse + load 18.1 / 21.7 -> 15.6 / 16.5 ms min / median, decode 29.6 / 37.5 -> 26.0 / 28.3)."""
-
-ONE_THREAD_MIN_ROWS = 4_000
-"""Inserts of at least this many rows run with DuckDB on one thread (``_OneThreadForLargeInserts``)."""
-
-
-class _OneThreadForLargeInserts:
-    """DuckDB on one thread for a run's inserts of ``ONE_THREAD_MIN_ROWS`` or more rows, the previous
-    setting restored at the end of the run (after decode, whose inserts of operators, collectives and
-    iterations then also run on one thread: 40 % less CPU for them). With more threads an INSERT from
-    Arrow costs more CPU, even from a single record batch that one thread scans (fresh process, one
-    INSERT: 20 k rows of dlrm_8rank 12.5 vs 25 ms with 2 threads, 7.5 k rows of cpu_gloo 5.3-6.4 vs
-    9.5-10.2 ms, 5 k rows 7.7-8 vs 9.2-9.6 ms including the settings). Changing the setting costs
-    ≈ 2.5 ms in a fresh process (read it 0.3, set 1.5 ms: DuckDB stops its thread pool, restore
-    0.5 ms), more than it saves on a small insert (2 060 rows of h100: 5.2-5.9 ms for the INSERT alone
-    vs 5.7-6.4 with the settings), so a run whose inserts
-    are all small (a small single-file run) leaves it alone; it is changed once per run at most."""
-
-    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
-        self.con = con
-        self.restore_to: int | None = None  # the setting before the run, once read
-
-    def before_insert(self, rows: int) -> None:
-        if rows < ONE_THREAD_MIN_ROWS or self.restore_to is not None:
-            return
-        self.restore_to = int(self.con.execute("SELECT current_setting('threads')").fetchall()[0][0])
-        if self.restore_to != 1:
-            self.con.execute("SET threads = 1")
-
-    def restore(self) -> None:
-        """Put the run's previous setting back (nothing to do if no insert changed it)."""
-        if self.restore_to is not None and self.restore_to != 1:
-            self.con.execute(f"SET threads = {self.restore_to}")
-        self.restore_to = None
 
 
 def _rebuild(run: DiscoveredRun) -> RebuiltRun:
@@ -429,17 +393,6 @@ def _rebuilt_ranks(
     run: DiscoveredRun, rebuilt: RebuiltRun
 ) -> Generator[tuple[TraceFile, list[ParsedRank]], None, None]:
     yield from zip(run.files, ([r] for r in rebuilt.ranks), strict=True)
-
-
-def _delete_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
-    """Delete the run's rows from every run-keyed table; one query when the run is new (the usual
-    case: a DELETE per table costs about as much as parsing a small rank)."""
-    names = [table.name for table in RUN_TABLES]
-    probe = " UNION ALL ".join(f"(SELECT 1 FROM {name} WHERE run_id = $run_id LIMIT 1)" for name in names)
-    if con.execute(f"SELECT count(*) FROM ({probe})", {"run_id": run_id}).fetchall() == [(0,)]:  # names from schema
-        return
-    for name in names:
-        con.execute(f"DELETE FROM {name} WHERE run_id = ?", [run_id])  # name from schema
 
 
 def _with_ids(events: pa.Table, run_id: str, rank: int) -> pa.Table:
@@ -503,33 +456,6 @@ def _dictionary_count(chunk: pa.DictionaryArray, value: str) -> int:
     if not codes:
         return 0
     return int(pc.sum(pc.is_in(chunk.indices, pa.array(codes, chunk.indices.type))).as_py() or 0)
-
-
-VALUES_MAX_ROWS = 4
-"""``_insert_rows`` inserts up to this many rows with a ``VALUES`` statement, more from Arrow."""
-
-
-def _insert_rows(
-    con: duckdb.DuckDBPyConnection, table_name: str, schema: pa.Schema, rows: list[dict[str, Any]]
-) -> None:
-    """Insert rows with one statement; ``schema`` names the columns (a row lacking one stores NULL).
-
-    A few rows (the run, a small run's ranks) go as one parameterised ``VALUES`` statement, whose
-    values DuckDB casts to the columns' types; more as an Arrow table of ``schema`` read by DuckDB's
-    replacement scan, as ``_StoredRanks.flush`` does, whose cost hardly grows with the rows while
-    ``VALUES`` costs ≈ 0.11 ms a row (ranks rows after an events insert, fresh process: 2 rows
-    1.2-1.3 vs 1.3-1.45 ms from Arrow, 4 rows 1.3 vs 1.2, 8 rows 1.8 vs 1.25, 128 rows 15-17 vs 1.3-1.8)."""
-    if not rows:
-        return
-    names = schema.names
-    if len(rows) > VALUES_MAX_ROWS:
-        _tracecal_rows = pa.Table.from_pylist(rows, schema=schema)  # read by the replacement scan
-        con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM _tracecal_rows")  # name from schema
-        return
-    row_sql = "(" + ", ".join("?" * len(names)) + ")"
-    values = ", ".join([row_sql] * len(rows))
-    params = [row.get(name) for row in rows for name in names]
-    con.execute(f"INSERT INTO {table_name} ({', '.join(names)}) VALUES {values}", params)  # names from schema
 
 
 def _iteration_marker(options: IngestOptions) -> str:

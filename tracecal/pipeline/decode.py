@@ -1,8 +1,9 @@
 """Decode a stored run: read each rank's events from DuckDB, write operators, collectives, iterations.
 
-Called inside the loader's per-run transaction after the run's events, ranks and runs rows are in
-place (``tracecal.sql.load``); callable again on its own to re-decode (e.g. with another
+Called inside the ingest's per-run transaction after the run's events, ranks and runs rows are in
+place (``tracecal.pipeline.ingest``); callable again on its own to re-decode (e.g. with another
 ``--iteration-marker``): the run's derived rows are replaced. Never opens or commits a transaction.
+The statements it runs on the database are in ``tracecal.sql.loaders``.
 
 Inside ingest the loader hands over the events it has just stored (``DecodeHandoff``), so a run of
 up to ``BATCH_EVENTS`` events is decoded without reading it back from DuckDB (a read-back, the
@@ -26,14 +27,22 @@ import polars as pl
 import pyarrow as pa
 
 from tracecal.decode.align import apply_offsets, best_iteration, clock_offsets, match_collectives
-from tracecal.decode.collectives import Layout
 from tracecal.decode.frames import with_series
 from tracecal.decode.iterations import DEFAULT_MARKER
 from tracecal.decode.rank import DECODE_COLUMNS, decode_ranks
 from tracecal.decode.topology import group_topology
-from tracecal.errors import RunNotFoundError, TraceFormatError
-from tracecal.schema import COLLECTIVES, EVENTS, ITERATIONS, OPERATORS, Table, arrow_schema
-from tracecal.sql.connection import query_arrow
+from tracecal.errors import TraceFormatError
+from tracecal.ingest.discover import ParallelLayout
+from tracecal.schema import COLLECTIVES, EVENTS, ITERATIONS, OPERATORS, arrow_schema
+from tracecal.sql.loaders import (
+    delete_derived_rows,
+    event_counts,
+    has_derived_rows,
+    insert_frame,
+    mark_run,
+    read_events,
+    set_clock_offsets,
+)
 
 
 @dataclass(frozen=True)
@@ -95,76 +104,18 @@ def _batches(sizes: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]
     return out
 
 
-def _insert(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame, run_id: str | None = None) -> None:
-    """Insert ``frame``'s rows of ``table``; ``run_id`` given: for that run, filled in Arrow (no frame
-    operation), else the frame's own ``run_id`` column.
-
-    The Arrow table is built column by column from the frame's series (a ``select`` plans a query)
-    and handed over uncast: the ``INSERT`` casts each column to the table's type (the frames hold
-    the same values in wider or differently encoded types: int64 ranks, large strings), which
-    costs less than casting 45 columns in Arrow first (0.5-0.8 ms per insert on small frames).
-    DuckDB reads it by replacement scan (a local Arrow table named in the statement), as the loader
-    does: one statement, where a relation (``from_arrow(...).insert_into``) binds it twice
-    (0.2-0.7 ms more per insert).
-    """
-    if frame.height == 0:
-        return
-    columns = [
-        pa.repeat(run_id, frame.height) if run_id is not None and c == "run_id" else frame.get_column(c).to_arrow()
-        for c in table.column_names
-    ]
-    _tracecal_decoded_rows = pa.table(columns, names=table.column_names)  # read by the statement
-    con.execute(f"INSERT INTO {table.name} SELECT * FROM _tracecal_decoded_rows")  # name from schema
-
-
-def _layout(
-    con: duckdb.DuckDBPyConnection, run_id: str, marker: str, fresh: bool
-) -> tuple[Layout, int | None, int | None, bool]:
-    """Record the iteration marker and read the run's layout, nodes, GPUs per node, and whether it
-    already has derived rows (a re-decode; not asked when ``fresh``): one ``UPDATE ... RETURNING``
-    (a statement costs 1-3 ms, and a first decode inside ingest has no rows to delete)."""
-    row = con.execute(
-        "UPDATE runs SET iteration_marker = $2 WHERE run_id = $1 "
-        "RETURNING world_size, pp, tp, dp, nodes, gpus_per_node",
-        [run_id, marker],
-    ).fetchall()
-    if not row:
-        raise RunNotFoundError(f"run {run_id!r} is not in the database; list runs with: tracecal runs")
-    world, pp, tp, dp, nodes, gpn = row[0]
-    derived = False
-    if not fresh:
-        derived = bool(
-            con.execute(
-                f"SELECT EXISTS (SELECT 1 FROM {OPERATORS.name} WHERE run_id = $1) "
-                f"OR EXISTS (SELECT 1 FROM {COLLECTIVES.name} WHERE run_id = $1) "
-                f"OR EXISTS (SELECT 1 FROM {ITERATIONS.name} WHERE run_id = $1)",
-                [run_id],
-            ).fetchall()[0][0]
-        )
-    return Layout(world_size=world, pp=pp, tp=tp, dp=dp), nodes, gpn, derived
+def _layout(con: duckdb.DuckDBPyConnection, run_id: str, marker: str, fresh: bool) -> tuple[ParallelLayout, bool]:
+    """Record the iteration marker and read the run's layout, and whether it already has derived
+    rows (a re-decode; not asked when ``fresh``: a first decode inside ingest has no rows to delete)."""
+    world, pp, tp, dp, nodes, gpn = mark_run(con, run_id, marker)
+    derived = False if fresh else has_derived_rows(con, run_id)
+    return ParallelLayout(pp=pp, tp=tp, dp=dp, nodes=nodes, gpus_per_node=gpn, world_size=world), derived
 
 
 def _as_type(column: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
     """``column`` cast to ``target``; as it is when it has that type already (a no-op cast still
     costs tens of microseconds, and the hand-off has 28 columns per table)."""
     return column if column.type == target else column.cast(target)
-
-
-@dataclass(frozen=True)
-class StoredRun:
-    """What decode reads of a run's ``runs`` row, as the loader wrote it in this transaction.
-
-    Attributes:
-        layout: world size and parallel layout.
-        nodes: nodes of the job, None when unknown.
-        gpus_per_node: GPUs per node, None when unknown.
-        iteration_marker: the marker the row records.
-    """
-
-    layout: Layout
-    nodes: int | None
-    gpus_per_node: int | None
-    iteration_marker: str
 
 
 class DecodeHandoff:
@@ -175,15 +126,16 @@ class DecodeHandoff:
     ``BATCH_EVENTS`` events the tables are dropped and decode reads the run back in batches, so a
     large run is never held whole.
 
-    The loader also sets ``run`` to what it wrote in the run's ``runs`` row: decode then neither
-    asks for the layout nor records the marker when the row already holds it (an ``UPDATE ...
-    RETURNING`` costs 1-1.5 ms, as much as a few frame operations).
+    The loader also sets ``layout`` (with ``world_size``) and ``iteration_marker`` to what it wrote in
+    the run's ``runs`` row: decode then neither asks for the layout nor records the marker when the row
+    already holds it (an ``UPDATE ... RETURNING`` costs 1-1.5 ms, as much as a few frame operations).
     """
 
     def __init__(self) -> None:
         self._tables: list[pa.Table] | None = []
         self._rows = 0
-        self.run: StoredRun | None = None
+        self.layout: ParallelLayout | None = None
+        self.iteration_marker: str | None = None
 
     def keep(self, events: pa.Table) -> None:
         """Keep (a column selection of) one inserted table of events, within the budget."""
@@ -262,21 +214,17 @@ def decode_stored_run(
     except re.error as exc:
         raise TraceFormatError(f"--iteration-marker {marker!r} is not a valid regex: {exc}") from exc
     given = handoff.events() if handoff is not None else None
-    stored = handoff.run if handoff is not None else None
-    if stored is not None and stored.iteration_marker == marker:  # the loader's row says it all
-        layout, nodes, gpn, derived = stored.layout, stored.nodes, stored.gpus_per_node, False
+    if handoff is not None and handoff.layout is not None and handoff.iteration_marker == marker:
+        layout, derived = handoff.layout, False  # the loader's row says it all
     else:
-        layout, nodes, gpn, derived = _layout(con, run_id, marker, fresh=handoff is not None)
+        layout, derived = _layout(con, run_id, marker, fresh=handoff is not None)
     if derived:
-        for table in (OPERATORS, COLLECTIVES, ITERATIONS):
-            con.execute(f"DELETE FROM {table.name} WHERE run_id = ?", [run_id])  # name from schema
+        delete_derived_rows(con, run_id)
     if given is not None:
         ranks = np.unique(given.get_column("rank").to_numpy()).tolist()  # a series ``unique`` plans a query
         batches = [(ranks[0], ranks[-1])] if ranks else []
     else:
-        sizes = con.execute(
-            "SELECT rank, count(*) FROM events WHERE run_id = ? GROUP BY rank ORDER BY rank", [run_id]
-        ).fetchall()
+        sizes = event_counts(con, run_id)
         ranks = [r for r, _ in sizes]
         batches = _batches(sizes, BATCH_EVENTS)
     collectives: list[pl.DataFrame] = []
@@ -290,13 +238,7 @@ def decode_stored_run(
         else:
             # only the columns decode reads; sorted here, not by DuckDB (its ORDER BY costs more than
             # the rest of the read)
-            read = pl.from_arrow(
-                query_arrow(
-                    con,
-                    f"SELECT {', '.join(DECODE_COLUMNS)} FROM events WHERE run_id = ? AND rank BETWEEN ? AND ?",
-                    [run_id, first, last],
-                )
-            )
+            read = pl.from_arrow(read_events(con, run_id, DECODE_COLUMNS, first, last))
             assert isinstance(read, pl.DataFrame)
             events = read
         if not (events["rank"].cast(pl.Int64) * (1 << 40) + events["event_id"]).is_sorted():
@@ -304,7 +246,7 @@ def decode_stored_run(
         decoded = decode_ranks(events, layout=layout, marker=iteration_marker)
         del events
         ops = decoded.operators
-        _insert(con, OPERATORS, ops, run_id)
+        insert_frame(con, OPERATORS, ops, run_id)
         n_ops += ops.height
         # series operations: no query plan each
         cpu_op, dur = ops.get_column("cpu_op_event_id"), ops.get_column("dur_ns")
@@ -331,31 +273,17 @@ def decode_stored_run(
         colls = with_series(colls, pl.Series("match_id", [None] * colls.height, dtype=pl.Int64))
     offsets = clock_offsets(colls, ranks)
     its, colls = apply_offsets(its, colls, offsets)
-    # one statement for all ranks (a statement costs 1-4 ms, a run can have hundreds of ranks), the
-    # offsets bound as lists: no register/unregister round trips; one rank: bound as values (the
-    # unnest-and-join plan costs 0.5 ms more)
-    if offsets.height == 1:
-        con.execute(
-            "UPDATE ranks SET clock_offset_ns = $3::BIGINT, clock_residual_ns = $4::BIGINT "
-            "WHERE run_id = $1 AND rank = $2::INTEGER",
-            [run_id, *offsets.row(0)],
-        )
-    else:
-        con.execute(
-            "UPDATE ranks SET clock_offset_ns = o.clock_offset_ns, clock_residual_ns = o.clock_residual_ns "
-            "FROM (SELECT unnest($2::INTEGER[]) AS rank, unnest($3::BIGINT[]) AS clock_offset_ns, "
-            "unnest($4::BIGINT[]) AS clock_residual_ns) o WHERE ranks.run_id = $1 AND ranks.rank = o.rank",
-            [
-                run_id,
-                offsets["rank"].to_list(),
-                offsets["clock_offset_ns"].to_list(),
-                offsets["clock_residual_ns"].to_list(),
-            ],
-        )
+    set_clock_offsets(
+        con,
+        run_id,
+        offsets["rank"].to_list(),
+        offsets["clock_offset_ns"].to_list(),
+        offsets["clock_residual_ns"].to_list(),
+    )
     if colls.height:
-        colls = group_topology(colls, gpn, world_size=layout.world_size, nodes=nodes)
-        _insert(con, COLLECTIVES, colls, run_id)
-    _insert(con, ITERATIONS, its, run_id)
+        colls = group_topology(colls, layout.gpus_per_node, world_size=layout.world_size, nodes=layout.nodes)
+        insert_frame(con, COLLECTIVES, colls, run_id)
+    insert_frame(con, ITERATIONS, its, run_id)
     best = best_iteration(its)
     multi = len(ranks) > 1 and colls.height > 0
     return DecodeSummary(

@@ -1,0 +1,219 @@
+"""Writing a run's rows and reading its events back: the statements the pipeline runs on DuckDB.
+
+Every function takes an open connection and runs inside the caller's transaction (none opens or
+commits one). They know the tables (``tracecal.schema``) and nothing of traces or decoding: the
+pipeline (``tracecal.pipeline``) passes Arrow tables, polars frames and plain values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+import pyarrow as pa
+
+from tracecal.errors import RunNotFoundError
+from tracecal.schema import COLLECTIVES, ITERATIONS, OPERATORS, RUN_TABLES, Table
+from tracecal.sql.connection import query_arrow
+
+DERIVED_TABLES = (OPERATORS, COLLECTIVES, ITERATIONS)
+"""The tables decode writes for a run (replaced when the run is decoded again)."""
+
+
+def delete_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Delete the run's rows from every run-keyed table; one query when the run is new (the usual
+    case: a DELETE per table costs about as much as parsing a small rank)."""
+    names = [table.name for table in RUN_TABLES]
+    probe = " UNION ALL ".join(f"(SELECT 1 FROM {name} WHERE run_id = $run_id LIMIT 1)" for name in names)
+    if con.execute(f"SELECT count(*) FROM ({probe})", {"run_id": run_id}).fetchall() == [(0,)]:  # names from schema
+        return
+    for name in names:
+        con.execute(f"DELETE FROM {name} WHERE run_id = ?", [run_id])  # name from schema
+
+
+def insert_events(con: duckdb.DuckDBPyConnection, events: pa.Table) -> None:
+    """Insert ``events`` (``run_id`` and ``rank`` filled in) into ``events`` with one statement.
+
+    Read by DuckDB's replacement scan (a local Arrow table named in the query): unlike
+    register/unregister, no view is created and dropped in the run's transaction. BY NAME: a parser
+    may leave out columns it never fills; they become NULL.
+    """
+    _tracecal_rank_events = events  # read by the statement
+    con.execute("INSERT INTO events BY NAME SELECT * FROM _tracecal_rank_events")
+
+
+def insert_events_file(con: duckdb.DuckDBPyConnection, path: Path, run_id: str, rank: int) -> None:
+    """Insert a rank's events from a Parquet file, with ``run_id`` and ``rank`` set on every row."""
+    con.execute(
+        "INSERT INTO events BY NAME SELECT * REPLACE ($run_id AS run_id, $rank::INTEGER AS rank) "
+        "FROM read_parquet($path)",
+        {"run_id": run_id, "rank": rank, "path": str(path)},
+    )
+
+
+VALUES_MAX_ROWS = 4
+"""``insert_rows`` inserts up to this many rows with a ``VALUES`` statement, more from Arrow."""
+
+
+def insert_rows(con: duckdb.DuckDBPyConnection, table_name: str, schema: pa.Schema, rows: list[dict[str, Any]]) -> None:
+    """Insert rows with one statement; ``schema`` names the columns (a row lacking one stores NULL).
+
+    A few rows (the run, a small run's ranks) go as one parameterised ``VALUES`` statement, whose
+    values DuckDB casts to the columns' types; more as an Arrow table of ``schema`` read by DuckDB's
+    replacement scan, as ``insert_events`` does, whose cost hardly grows with the rows while
+    ``VALUES`` costs ≈ 0.11 ms a row (ranks rows after an events insert, fresh process: 2 rows
+    1.2-1.3 vs 1.3-1.45 ms from Arrow, 4 rows 1.3 vs 1.2, 8 rows 1.8 vs 1.25, 128 rows 15-17 vs 1.3-1.8)."""
+    if not rows:
+        return
+    names = schema.names
+    if len(rows) > VALUES_MAX_ROWS:
+        _tracecal_rows = pa.Table.from_pylist(rows, schema=schema)  # read by the replacement scan
+        con.execute(f"INSERT INTO {table_name} BY NAME SELECT * FROM _tracecal_rows")  # name from schema
+        return
+    row_sql = "(" + ", ".join("?" * len(names)) + ")"
+    values = ", ".join([row_sql] * len(rows))
+    params = [row.get(name) for row in rows for name in names]
+    con.execute(f"INSERT INTO {table_name} ({', '.join(names)}) VALUES {values}", params)  # names from schema
+
+
+def insert_frame(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFrame, run_id: str | None = None) -> None:
+    """Insert ``frame``'s rows of ``table``; ``run_id`` given: for that run, filled in Arrow (no frame
+    operation), else the frame's own ``run_id`` column.
+
+    The Arrow table is built column by column from the frame's series (a ``select`` plans a query)
+    and handed over uncast: the ``INSERT`` casts each column to the table's type (the frames hold
+    the same values in wider or differently encoded types: int64 ranks, large strings), which
+    costs less than casting 45 columns in Arrow first (0.5-0.8 ms per insert on small frames).
+    DuckDB reads it by replacement scan (a local Arrow table named in the statement), as
+    ``insert_events`` does: one statement, where a relation (``from_arrow(...).insert_into``) binds it
+    twice (0.2-0.7 ms more per insert).
+    """
+    if frame.height == 0:
+        return
+    columns = [
+        pa.repeat(run_id, frame.height) if run_id is not None and c == "run_id" else frame.get_column(c).to_arrow()
+        for c in table.column_names
+    ]
+    _tracecal_decoded_rows = pa.table(columns, names=table.column_names)  # read by the statement
+    con.execute(f"INSERT INTO {table.name} SELECT * FROM _tracecal_decoded_rows")  # name from schema
+
+
+def set_ingest_seconds(con: duckdb.DuckDBPyConnection, run_id: str, seconds: float) -> None:
+    """Record the wall time of the run's whole ingest in ``runs.ingest_seconds``."""
+    con.execute("UPDATE runs SET ingest_seconds = ? WHERE run_id = ?", [seconds, run_id])
+
+
+def mark_run(con: duckdb.DuckDBPyConnection, run_id: str, marker: str) -> tuple[int | None, ...]:
+    """Record the iteration marker in the run's ``runs`` row and return the row's
+    ``(world_size, pp, tp, dp, nodes, gpus_per_node)``: one ``UPDATE ... RETURNING``.
+
+    Raises:
+        RunNotFoundError: the run is not in the database.
+    """
+    row = con.execute(
+        "UPDATE runs SET iteration_marker = $2 WHERE run_id = $1 "
+        "RETURNING world_size, pp, tp, dp, nodes, gpus_per_node",
+        [run_id, marker],
+    ).fetchall()
+    if not row:
+        raise RunNotFoundError(f"run {run_id!r} is not in the database; list runs with: tracecal runs")
+    return tuple(row[0])
+
+
+def has_derived_rows(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
+    """The run already has rows in ``operators``, ``collectives`` or ``iterations``."""
+    return bool(
+        con.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {OPERATORS.name} WHERE run_id = $1) "
+            f"OR EXISTS (SELECT 1 FROM {COLLECTIVES.name} WHERE run_id = $1) "
+            f"OR EXISTS (SELECT 1 FROM {ITERATIONS.name} WHERE run_id = $1)",
+            [run_id],
+        ).fetchall()[0][0]
+    )
+
+
+def delete_derived_rows(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
+    """Delete the run's rows of ``operators``, ``collectives`` and ``iterations``."""
+    for table in DERIVED_TABLES:
+        con.execute(f"DELETE FROM {table.name} WHERE run_id = ?", [run_id])  # name from schema
+
+
+def event_counts(con: duckdb.DuckDBPyConnection, run_id: str) -> list[tuple[int, int]]:
+    """``(rank, events)`` of every rank of the run with stored events, by rank."""
+    return [
+        (int(rank), int(n))
+        for rank, n in con.execute(
+            "SELECT rank, count(*) FROM events WHERE run_id = ? GROUP BY rank ORDER BY rank", [run_id]
+        ).fetchall()
+    ]
+
+
+def read_events(con: duckdb.DuckDBPyConnection, run_id: str, columns: Sequence[str], first: int, last: int) -> pa.Table:
+    """The ``columns`` of the run's events of ranks ``first`` to ``last`` (inclusive), unsorted
+    (DuckDB's ORDER BY costs more than the rest of the read; the caller sorts)."""
+    return query_arrow(
+        con,
+        f"SELECT {', '.join(columns)} FROM events WHERE run_id = ? AND rank BETWEEN ? AND ?",  # names from schema
+        [run_id, first, last],
+    )
+
+
+def set_clock_offsets(
+    con: duckdb.DuckDBPyConnection, run_id: str, ranks: list[int], offsets_ns: list[int], residuals_ns: list[int]
+) -> None:
+    """Set ``ranks.clock_offset_ns`` and ``clock_residual_ns`` of the given ranks.
+
+    One statement for all ranks (a statement costs 1-4 ms, a run can have hundreds of ranks), the
+    offsets bound as lists: no register/unregister round trips; one rank: bound as values (the
+    unnest-and-join plan costs 0.5 ms more).
+    """
+    if len(ranks) == 1:
+        con.execute(
+            "UPDATE ranks SET clock_offset_ns = $3::BIGINT, clock_residual_ns = $4::BIGINT "
+            "WHERE run_id = $1 AND rank = $2::INTEGER",
+            [run_id, ranks[0], offsets_ns[0], residuals_ns[0]],
+        )
+    else:
+        con.execute(
+            "UPDATE ranks SET clock_offset_ns = o.clock_offset_ns, clock_residual_ns = o.clock_residual_ns "
+            "FROM (SELECT unnest($2::INTEGER[]) AS rank, unnest($3::BIGINT[]) AS clock_offset_ns, "
+            "unnest($4::BIGINT[]) AS clock_residual_ns) o WHERE ranks.run_id = $1 AND ranks.rank = o.rank",
+            [run_id, ranks, offsets_ns, residuals_ns],
+        )
+
+
+ONE_THREAD_MIN_ROWS = 4_000
+"""Inserts of at least this many rows run with DuckDB on one thread (``OneThreadForLargeInserts``)."""
+
+
+class OneThreadForLargeInserts:
+    """DuckDB on one thread for a run's inserts of ``ONE_THREAD_MIN_ROWS`` or more rows, the previous
+    setting restored at the end of the run (after decode, whose inserts of operators, collectives and
+    iterations then also run on one thread: 40 % less CPU for them). With more threads an INSERT from
+    Arrow costs more CPU, even from a single record batch that one thread scans (fresh process, one
+    INSERT: 20 k rows of dlrm_8rank 12.5 vs 25 ms with 2 threads, 7.5 k rows of cpu_gloo 5.3-6.4 vs
+    9.5-10.2 ms, 5 k rows 7.7-8 vs 9.2-9.6 ms including the settings). Changing the setting costs
+    ≈ 2.5 ms in a fresh process (read it 0.3, set 1.5 ms: DuckDB stops its thread pool, restore
+    0.5 ms), more than it saves on a small insert (2 060 rows of h100: 5.2-5.9 ms for the INSERT alone
+    vs 5.7-6.4 with the settings), so a run whose inserts
+    are all small (a small single-file run) leaves it alone; it is changed once per run at most."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
+        self.con = con
+        self.restore_to: int | None = None  # the setting before the run, once read
+
+    def before_insert(self, rows: int) -> None:
+        if rows < ONE_THREAD_MIN_ROWS or self.restore_to is not None:
+            return
+        self.restore_to = int(self.con.execute("SELECT current_setting('threads')").fetchall()[0][0])
+        if self.restore_to != 1:
+            self.con.execute("SET threads = 1")
+
+    def restore(self) -> None:
+        """Put the run's previous setting back (nothing to do if no insert changed it)."""
+        if self.restore_to is not None and self.restore_to != 1:
+            self.con.execute(f"SET threads = {self.restore_to}")
+        self.restore_to = None
