@@ -250,3 +250,12 @@ def test_module_times_are_mean_gpu_spans_by_hand() -> None:
     assert (row["module"], row["occurrences"]) == ("stage_fwd", 2)
     assert row["measured_us"] == pytest.approx(40 / 1e3) and row["predicted_us"] == pytest.approx(15 / 1e3)
     assert per_position(times, [0, 4, 8], "measured_us") == {"stage_fwd": [0.04, 0.0, 0.0]}
+
+
+def test_a_bad_decoded_run_is_skipped_under_on_error_skip(tmp_path: Path) -> None:
+    run = _copy_run(tmp_path)
+    (run / "31664313" / "2" / "fwd.csv").unlink()
+    with open_database(tmp_path / "skip.duckdb") as con:
+        report = ingest_runs(con, [run], IngestOptions(on_error="skip", workers=1))
+        assert report.runs == () and "fwd.csv" in report.skipped[0].reason
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)

@@ -203,7 +203,14 @@ def _ingest_run(
 ) -> RunReport:
     started = time.perf_counter()
     skipped: list[Skipped] = []
-    rebuilt = _rebuild(run) if run.decoded_job is not None else None
+    rebuilt = None
+    if run.decoded_job is not None:
+        try:
+            rebuilt = _rebuild(run)
+        except TracecalError as exc:
+            if options.on_error == "raise":
+                raise
+            raise _NothingLeft(str(exc)) from exc  # skip mode: the run is reported as skipped
     if rebuilt is not None:
         run = replace(run, layout=rebuilt.layout.merged(run.layout), files=_rebuilt_files(rebuilt))
     stored = _StoredRanks(con, run_id, len(run.files))
