@@ -5,10 +5,10 @@ from __future__ import annotations
 import gzip
 import importlib.abc
 import json
+import multiprocessing
 import os
 import subprocess
 import sys
-import time
 from collections import Counter
 from dataclasses import replace
 from decimal import ROUND_HALF_EVEN, Decimal
@@ -183,11 +183,16 @@ def test_parallel_and_serial_ingest_store_the_same_rows(tmp_path: Path, monkeypa
 
 
 _TEST_PID = os.getpid()
+_HELPER_TOOK_A_FILE = multiprocessing.get_context("fork").Event()
+"""Set by a forked helper when it starts a real file (not its warm-up); the helper inherits it."""
 
 
 def _parse_and_note_pid(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
-    if os.getpid() == _TEST_PID:
-        time.sleep(0.05)  # so the helper surely takes files, however loaded the machine
+    if os.getpid() != _TEST_PID:
+        if not path.name.startswith("warm-up-"):
+            _HELPER_TOOK_A_FILE.set()
+    elif not _HELPER_TOOK_A_FILE.wait(timeout=300):  # the caller holds its file until the helper has one
+        raise AssertionError("the helper never took a file")  # a hang guard, not a timing assumption
     return [replace(r, metadata={**r.metadata, "parsed_by": os.getpid()}) for r in parse_trace_file(path)]
 
 
@@ -196,6 +201,7 @@ def test_started_pool_parses_in_this_process_and_a_forked_helper(
 ) -> None:
     """``ParserPool(2).start()`` forks one helper (it inherits this module's patch); the run's files
     are shared between the helper and this process, and the stored rows equal a one-worker ingest."""
+    _HELPER_TOOK_A_FILE.clear()
     monkeypatch.setattr(pool, "parse_trace_file", _parse_and_note_pid)
     run = KINETO / "dlrm_8rank"
     with pool.ParserPool(2).start() as parsers:

@@ -12,7 +12,8 @@ not produce its duration: it must not be fitted on or validated against. Pure fu
   ``vectorized_layer_norm_kernel``; or
 - the operator's ``io_bytes`` (``shapes.shape_row`` of its name, Input Dims and Input type) over the
   kernel's duration exceeds ``MAX_BANDWIDTH_BYTES_PER_S``: no GPU moves that much, so the kernel did
-  not do that operator's work, e.g. ``aten::sum`` over [2048, 4, 5120] in 3 µs (28 TB/s).
+  not do that operator's work, e.g. an ``aten::sum`` over [2048, 4, 5120] whose kernel would have had
+  to move 28 TB/s.
 """
 
 from __future__ import annotations

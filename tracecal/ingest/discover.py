@@ -1,4 +1,4 @@
-"""Finding a run's rank traces and what the run says about itself (SPEC §3.1).
+"""Finding a run's rank traces and what the run says about itself (see docs/discovery.md).
 
 A run is a directory. Trace files are found anywhere below it (flat, or nested per rank as
 ``tensorboard_trace_handler`` writes them under GPT-NeoX/DeepSpeed). The rank of a file comes from

@@ -8,7 +8,7 @@ key is kept), and its events then decoded. A larger document is never held whole
 stream and its event array decoded a chunk at a time (``event_chunks``), so memory depends on the
 chunk size, not on the file.
 
-Handled eras (SPEC §3.2): 2021 (``Operator``/``Runtime``/``Kernel`` categories, string tids such as
+Handled eras (see docs/parsing.md): 2021 (``Operator``/``Runtime``/``Kernel`` categories, string tids such as
 ``"stream 7"``, lowercase ``Input dims`` / ``external id``, a top-level JSON array instead of an
 object), 2022–23 (``cpu_op``/``cuda_runtime``/``kernel``, integer µs), 2024+ (float µs with
 nanosecond precision, collective args on kernels, ``python_function``, ``cuda_driver``...).
@@ -45,9 +45,8 @@ DIRECT_DECODE_BYTES = 256 * 2**20
 CHUNK_EVENTS = 4096
 """Decoded events turned into one record batch at a time when there are more than ``2 * CHUNK_EVENTS``:
 each chunk's Structs stay in the CPU cache while its columns are read (by a transposing ``astuple``,
-``kineto_events.TRANSPOSE_ROWS``): 9-10 % less time building the columns of the 27 000 and 49 000 events
-of the A100 and MI300X traces; a smaller list is converted whole (the per-batch cost, ≈ 0.4 ms, would
-outweigh it)."""
+``kineto_events.TRANSPOSE_ROWS``), which makes building the columns of a large trace faster; a smaller
+list is converted whole, because the fixed cost of each batch would outweigh that gain."""
 
 _ERA_2021 = frozenset({"Operator", "Runtime", "Kernel", "Memcpy", "Memset"})
 _ERA_2024_FLOWS = frozenset({"ac2g", "fwdbwd"})
@@ -162,8 +161,8 @@ def _record_batches(
             events_to_batch(path, events[a:b], offset + a, strict, facts.categories) for a, b in _chunks(len(events))
         ]
         del events
-        if len(parts) > 1:  # one batch again, its dictionaries unified (≈ 2 ms for 63 000 events): the
-            # loader and decode get what one conversion would give (chunks cost DuckDB and polars more)
+        if len(parts) > 1:  # one batch again, its dictionaries unified: the loader and decode get
+            # what one conversion would give (chunks cost DuckDB and polars more)
             parts = pa.Table.from_batches(parts).combine_chunks().to_batches()
         for batch in parts:
             if batch.num_rows:

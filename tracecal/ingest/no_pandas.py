@@ -13,8 +13,8 @@ process's owner: ``trace-ingest`` before anything else, and the benchmarks that 
 library (``ingest_runs``, ``ParserPool``) leaves a caller's process as it is.
 
 pandas used to bring ``numpy.ma`` along. pyarrow tests every numpy input against
-``np.ma.MaskedArray``, and numpy imports that submodule on first touch (≈ 9 ms in a fresh process),
-which without pandas would happen inside the first parse: it is imported here, with the parser.
+``np.ma.MaskedArray``, and numpy imports that submodule on first touch, which without pandas would
+happen inside the first parse and slow it: it is imported here, with the parser.
 """
 
 from __future__ import annotations

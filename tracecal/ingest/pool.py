@@ -493,17 +493,16 @@ _WARM_UP_EVENTS: list[dict[str, Any]] = [
 
 WARM_UP_REPEATS = 500
 """The warm-up trace is ``_WARM_UP_EVENTS`` this many times (2 500 events, as many as a small real
-rank): its parse grows the helper's heap to a real file's working size, which the next parses reuse.
-With 100 repeats a helper's first dlrm rank still took 10.4-17.8 ms of CPU and 1 335 page faults
-(later ranks ≈ 7 ms, 250 faults); with 500, 8.5-12.7 ms and 470 faults; 1 000 gained nothing more. The
-warm-up (≈ 9 ms of CPU) runs while the caller imports DuckDB and opens its database."""
+rank): its parse grows the helper's heap to a real file's working size, which the next parses reuse;
+fewer repeats left the first real file still slow, more gained nothing. The warm-up runs while the
+caller imports DuckDB and opens its database, so it costs the caller no time."""
 
 
 def _warm_up(spool: Path) -> None:
     """Parse and ship a synthetic trace once, before the first real file: a process's first parse
     pays one-time costs (first calls into msgspec, ISA-L, numpy, Arrow and its IPC writer, fresh heap
-    pages), which made a forked helper's first file take about twice as long as its next ones (21 vs
-    11 ms on a dlrm rank). Done while the caller opens its database; never fails the pool."""
+    pages), which made a forked helper's first file take about twice as long as its next ones. Done
+    while the caller opens its database; never fails the pool."""
     import gzip
     import json
 

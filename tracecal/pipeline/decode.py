@@ -6,9 +6,9 @@ place (``tracecal.pipeline.ingest``); callable again on its own to re-decode (e.
 The statements it runs on the database are in ``tracecal.sql.loaders``.
 
 Inside ingest the loader hands over the events it has just stored (``DecodeHandoff``), so a run of
-up to ``BATCH_EVENTS`` events is decoded without reading it back from DuckDB (a read-back, the
-per-rank counts and the check for earlier derived rows cost 5-20 ms, as much as decoding a small
-trace); larger runs, and re-decodes, read the events back in batches.
+up to ``BATCH_EVENTS`` events is decoded without reading it back from DuckDB (for a small trace, the
+read-back, the per-rank counts and the check for earlier derived rows cost as much as decoding it);
+larger runs, and re-decodes, read the events back in batches.
 
 Memory: one batch of ranks' events at a time; the cross-rank steps work on the small collectives and
 iterations frames only.
@@ -60,7 +60,7 @@ class DecodeSummary:
         unmatched_collectives: collective rows without a match id in a multi-rank run.
         iterations: iteration rows written (all ranks).
         markers_found: every rank had iteration markers (else: one iteration per rank, said so).
-        best_iteration: the run's best iteration (SPEC §5.4), None when there is none.
+        best_iteration: the run's best iteration (see docs/decode.md), None when there is none.
         best_iteration_ns: the slowest rank's span of the best iteration.
         seconds: wall time of the decode.
     """
@@ -128,7 +128,7 @@ class DecodeHandoff:
 
     The loader also sets ``layout`` (with ``world_size``) and ``iteration_marker`` to what it wrote in
     the run's ``runs`` row: decode then neither asks for the layout nor records the marker when the row
-    already holds it (an ``UPDATE ... RETURNING`` costs 1-1.5 ms, as much as a few frame operations).
+    already holds it (an ``UPDATE ... RETURNING`` costs as much as a few frame operations).
     """
 
     def __init__(self) -> None:

@@ -376,9 +376,8 @@ class _StoredRanks:
 INGEST_THREADS = 1
 """DuckDB threads for a connection opened only to ingest (``trace-ingest``: ``open_database(...,
 threads=INGEST_THREADS)``): its inserts from Arrow, and decode's, cost less CPU on one thread (see
-``tracecal.sql.loaders.OneThreadForLargeInserts``), while the other cores parse; set when connecting, it costs nothing,
-where changing it on an open connection costs a few ms in every run (h100, fresh process, 8 runs
-each: parse + load 18.1 / 21.7 -> 15.6 / 16.5 ms min / median, decode 29.6 / 37.5 -> 26.0 / 28.3)."""
+``tracecal.sql.loaders.OneThreadForLargeInserts``), while the other cores parse; it is set when
+connecting because changing it on an open connection has a cost in every run."""
 
 
 def _rebuild(run: DiscoveredRun) -> RebuiltRun:

@@ -1,4 +1,4 @@
-"""Per-rank component times of an iteration (SPEC §5.3), measured vs replayed, and their errors.
+"""Per-rank component times of an iteration (see docs/decode.md), measured vs replayed, and their errors.
 
 Each rank's iteration span is split into disjoint time: every instant counts once, for the highest
 priority component active at that instant (``COMPONENTS`` order: compute first, then communication by

@@ -122,7 +122,7 @@ BACKWARD_OP = r"(?i)backward"
 
 def call_direction_expr(rows: pl.DataFrame) -> pl.Expr:
     """``phase`` as the duration model must read it: the direction of the *call*, not of the phase
-    it ran in. A sample is one call of an op (SPEC §6.1, ``samplers.from_run``): an ``aten::mm`` run
+    it ran in. A sample is one call of an op (see docs/samples.md, ``samplers.from_run``): an ``aten::mm`` run
     by ``MmBackward0`` is one mm of its own shape, predicted with the forward samples, while a ``bwd``
     sample is the whole autograd backward of a forward op — what a backward op (``*_backward*``) is.
     The trace's phase is kept as ``trace_phase``."""

@@ -1,4 +1,4 @@
-"""Dependency graph of one iteration across all ranks (SPEC §7), as timed points and lagged edges.
+"""Dependency graph of one iteration across all ranks (see docs/replay.md), as timed points and lagged edges.
 
 Every node (a GPU activity, a CPU operator, a runtime call, a collective instance, an iteration
 marker) is two points: its start ``2·node`` and its end ``2·node + 1``. An edge ``src → dst`` with lag

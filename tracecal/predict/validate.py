@@ -1,4 +1,4 @@
-"""Error tables across runs, shaped like the published system's "Table 9" (SPEC §1.5) (pure).
+"""Error tables across runs, shaped like the published system's "Table 9" (see docs/published-runs.md) (pure).
 
 Rows are components, columns are runs, cells are the error % of the run's component time summed over
 its ranks (``overall``: the slowest rank's iteration time). Components a run does not have stay empty.

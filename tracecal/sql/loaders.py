@@ -64,8 +64,7 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table_name: str, schema: pa.Sche
     A few rows (the run, a small run's ranks) go as one parameterised ``VALUES`` statement, whose
     values DuckDB casts to the columns' types; more as an Arrow table of ``schema`` read by DuckDB's
     replacement scan, as ``insert_events`` does, whose cost hardly grows with the rows while
-    ``VALUES`` costs ≈ 0.11 ms a row (ranks rows after an events insert, fresh process: 2 rows
-    1.2-1.3 vs 1.3-1.45 ms from Arrow, 4 rows 1.3 vs 1.2, 8 rows 1.8 vs 1.25, 128 rows 15-17 vs 1.3-1.8)."""
+    ``VALUES`` costs grow with every row."""
     if not rows:
         return
     names = schema.names
@@ -86,10 +85,10 @@ def insert_frame(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFra
     The Arrow table is built column by column from the frame's series (a ``select`` plans a query)
     and handed over uncast: the ``INSERT`` casts each column to the table's type (the frames hold
     the same values in wider or differently encoded types: int64 ranks, large strings), which
-    costs less than casting 45 columns in Arrow first (0.5-0.8 ms per insert on small frames).
+    costs less than casting 45 columns in Arrow first.
     DuckDB reads it by replacement scan (a local Arrow table named in the statement), as
     ``insert_events`` does: one statement, where a relation (``from_arrow(...).insert_into``) binds it
-    twice (0.2-0.7 ms more per insert).
+    twice.
     """
     if frame.height == 0:
         return
@@ -166,9 +165,9 @@ def set_clock_offsets(
 ) -> None:
     """Set ``ranks.clock_offset_ns`` and ``clock_residual_ns`` of the given ranks.
 
-    One statement for all ranks (a statement costs 1-4 ms, a run can have hundreds of ranks), the
-    offsets bound as lists: no register/unregister round trips; one rank: bound as values (the
-    unnest-and-join plan costs 0.5 ms more).
+    One statement for all ranks, because each statement has a fixed cost and a run can have
+    hundreds of ranks; the offsets are bound as lists (no register/unregister round trips). One rank
+    is bound as values, because the unnest-and-join plan costs more than it saves there.
     """
     if len(ranks) == 1:
         con.execute(
@@ -192,14 +191,10 @@ ONE_THREAD_MIN_ROWS = 4_000
 class OneThreadForLargeInserts:
     """DuckDB on one thread for a run's inserts of ``ONE_THREAD_MIN_ROWS`` or more rows, the previous
     setting restored at the end of the run (after decode, whose inserts of operators, collectives and
-    iterations then also run on one thread: 40 % less CPU for them). With more threads an INSERT from
-    Arrow costs more CPU, even from a single record batch that one thread scans (fresh process, one
-    INSERT: 20 k rows of dlrm_8rank 12.5 vs 25 ms with 2 threads, 7.5 k rows of cpu_gloo 5.3-6.4 vs
-    9.5-10.2 ms, 5 k rows 7.7-8 vs 9.2-9.6 ms including the settings). Changing the setting costs
-    ≈ 2.5 ms in a fresh process (read it 0.3, set 1.5 ms: DuckDB stops its thread pool, restore
-    0.5 ms), more than it saves on a small insert (2 060 rows of h100: 5.2-5.9 ms for the INSERT alone
-    vs 5.7-6.4 with the settings), so a run whose inserts
-    are all small (a small single-file run) leaves it alone; it is changed once per run at most."""
+    iterations then also run on one thread). With more threads an INSERT from Arrow costs more CPU,
+    even from a single record batch that one thread scans. Changing the setting has its own cost
+    (DuckDB stops its thread pool), more than it saves on a small insert, so a run whose inserts are
+    all small (a small single-file run) leaves it alone; it is changed once per run at most."""
 
     def __init__(self, con: duckdb.DuckDBPyConnection) -> None:
         self.con = con
