@@ -37,12 +37,12 @@ def child(variant: str, steps: int) -> dict[str, object]:
     import torch.distributed as dist
     from torch.autograd.profiler import record_function
 
-    from tracecal.samplers.workload.config import WorkloadConfig
-    from tracecal.samplers.workload.launch import free_port
-    from tracecal.samplers.workload.model import GPTStage, micro_batches
-    from tracecal.samplers.workload.parallel import init_parallel
-    from tracecal.samplers.workload.schedule import run_1f1b
-    from tracecal.samplers.workload.train import OPTIMIZER, record_scalar_lists
+    from tracecal.workload.config import WorkloadConfig
+    from tracecal.workload.launch import free_port
+    from tracecal.workload.model import GPTStage, micro_batches
+    from tracecal.workload.parallel import init_parallel
+    from tracecal.workload.schedule import run_1f1b
+    from tracecal.workload.train import OPTIMIZER, record_scalar_lists
 
     os.environ["MASTER_PORT"] = str(free_port())
     torch.set_num_threads(1)

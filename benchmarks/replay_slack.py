@@ -45,7 +45,7 @@ def shared_traces() -> list[Path]:
 
 def workload_runs(work: Path) -> list[Path]:
     """The test suite's four tiny layouts, trained into ``work`` unless already there."""
-    from tracecal.samplers.workload import TINY_LAYOUTS, run_local
+    from tracecal.workload import TINY_LAYOUTS, run_local
 
     layouts = TINY_LAYOUTS
     out = []

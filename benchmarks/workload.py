@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import replace
 from pathlib import Path
 
-from tracecal.samplers.workload import WorkloadConfig, run_local
+from tracecal.workload import WorkloadConfig, run_local
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ def tiny_workload(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, in
     64, ≈ 11 s for one rank at 512 on two cores)."""
     from dataclasses import replace
 
-    from tracecal.samplers.workload import WorkloadConfig, run_local
+    from tracecal.workload import WorkloadConfig, run_local
 
     tiny = WorkloadConfig(
         layers=2, hidden=64, heads=4, seq=32, vocab=256, micro_batches=4, micro_batch_size=2, steps=4, timeout_s=120

@@ -151,7 +151,7 @@ def test_cli_predict_errors_are_one_line(dlrm_db: Path) -> None:
 
 @pytest.fixture(scope="module")
 def workload_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tracecal.samplers.workload import TINY_LAYOUTS, run_local
+    from tracecal.workload import TINY_LAYOUTS, run_local
 
     layouts = TINY_LAYOUTS
     root = tmp_path_factory.mktemp("workload")

@@ -317,7 +317,7 @@ def test_profiler_timing_leaves_list_recording_as_torch_has_it(tmp_path: Path) -
     import torch
 
     from tracecal.samplers import timing
-    from tracecal.samplers.workload.train import records_scalar_lists
+    from tracecal.workload.train import records_scalar_lists
 
     assert records_scalar_lists("cpu") is False and records_scalar_lists("cuda") is True
     parts = [torch.ones(3), torch.ones(4)]
@@ -333,7 +333,7 @@ def test_a_torch_without_the_list_switch_keeps_recording_lists_and_says_so(monke
     """The switch is private torch API; where it is missing the workload must not claim lists are off."""
     import torch
 
-    from tracecal.samplers.workload.train import record_scalar_lists
+    from tracecal.workload.train import record_scalar_lists
 
     assert record_scalar_lists(False) is False
     assert record_scalar_lists(True) is True

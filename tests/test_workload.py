@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 
 from tracecal.cli.main import app
 from tracecal.errors import WorkloadError
-from tracecal.samplers.workload import WorkloadConfig, run_local
-from tracecal.samplers.workload.launch import argument_parser, config_args, config_from_args
-from tracecal.samplers.workload.model import GPTStage, full_tensor, micro_batches, synthetic_batch
-from tracecal.samplers.workload.parallel import ParallelState
-from tracecal.samplers.workload.train import plan_buckets
+from tracecal.workload import WorkloadConfig, run_local
+from tracecal.workload.launch import argument_parser, config_args, config_from_args
+from tracecal.workload.model import GPTStage, full_tensor, micro_batches, synthetic_batch
+from tracecal.workload.parallel import ParallelState
+from tracecal.workload.train import plan_buckets
 
 
 @pytest.mark.parametrize(
@@ -125,7 +125,7 @@ def test_buckets_respect_the_cap_and_cover_every_parameter_once() -> None:
 
 
 def test_importing_the_package_does_not_import_torch() -> None:
-    code = "import sys, tracecal.samplers.workload, tracecal.cli.main; print('torch' in sys.modules)"
+    code = "import sys, tracecal.workload, tracecal.cli.main; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -147,8 +147,8 @@ def test_cli_reports_an_inconsistent_config_in_one_line(tmp_path: Path) -> None:
 def test_single_stage_schedule_accumulates_the_mean_loss_gradient() -> None:
     from torch.nn import functional as F
 
-    from tracecal.samplers.workload.schedule import run_1f1b
-    from tracecal.samplers.workload.train import _autocast
+    from tracecal.workload.schedule import run_1f1b
+    from tracecal.workload.train import _autocast
 
     cfg = WorkloadConfig(pp=1, layers=1, hidden=32, heads=2, seq=8, vocab=64, micro_batches=3)
     batches = micro_batches(cfg, 0, step=0)
@@ -171,8 +171,8 @@ def test_vocab_parallel_cross_entropy_is_cross_entropy_with_its_gradient() -> No
     import torch.distributed as dist
     from torch.nn import functional as F
 
-    from tracecal.samplers.workload.launch import free_port
-    from tracecal.samplers.workload.parallel import vocab_parallel_cross_entropy
+    from tracecal.workload.launch import free_port
+    from tracecal.workload.parallel import vocab_parallel_cross_entropy
 
     # A one-rank group: the all-reduces are identities, so one shard holding the whole vocabulary
     # must give exactly cross-entropy and its gradient (sharding is covered by the TP runs).

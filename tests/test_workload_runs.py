@@ -23,10 +23,10 @@ from typer.testing import CliRunner
 
 from tracecal.cli.main import app
 from tracecal.errors import WorkloadError
-from tracecal.samplers.workload import TINY, TINY_LAYOUTS, WorkloadConfig, run_local
-from tracecal.samplers.workload.model import GPTStage
-from tracecal.samplers.workload.parallel import ParallelState
-from tracecal.samplers.workload.train import FAULT_ENV, plan_buckets
+from tracecal.workload import TINY, TINY_LAYOUTS, WorkloadConfig, run_local
+from tracecal.workload.model import GPTStage
+from tracecal.workload.parallel import ParallelState
+from tracecal.workload.train import FAULT_ENV, plan_buckets
 
 pytestmark = pytest.mark.slow
 
@@ -290,7 +290,7 @@ def test_ingest_decodes_matched_collectives_and_the_iterations(runs: dict[str, P
 def test_a_taken_rendezvous_port_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 
-    from tracecal.samplers.workload import launch
+    from tracecal.workload import launch
 
     handed_out: list[int] = []
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
@@ -312,7 +312,7 @@ def reference_losses(cfg: WorkloadConfig) -> list[float]:
     """Plain single-process training of ``cfg``'s model and data: no torch.distributed, no schedule."""
     from torch.nn import functional as F
 
-    from tracecal.samplers.workload.model import micro_batches
+    from tracecal.workload.model import micro_batches
 
     single = replace(cfg, pp=1, tp=1, dp=1, micro_batches=cfg.dp * cfg.micro_batches)
     state = ParallelState(single, 0, 0, 1, 0, 0, 0, None, None, None, torch.device("cpu"), "gloo")
@@ -359,12 +359,12 @@ def test_under_torchrun_each_process_is_one_rank(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from tracecal.samplers.workload.launch import config_args, free_port
+    from tracecal.workload.launch import config_args, free_port
 
     cfg = replace(TINY, pp=2, layers=2, steps=3)
     out = tmp_path / "gpt_tiny_2_1_1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(free_port()), "-m", "tracecal.samplers.workload", *config_args(cfg), "--out", str(out)]  # fmt: skip
+           str(free_port()), "-m", "tracecal.workload", *config_args(cfg), "--out", str(out)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stderr[-2000:]
     assert sorted(p.name for p in out.iterdir()) == ["rank0.pt.trace.json.gz", "rank1.pt.trace.json.gz", "run.json"]

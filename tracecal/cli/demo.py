@@ -142,7 +142,7 @@ def _cuda_devices() -> int:
 
 
 def _train(run_dir: Path, pp: int, tp: int, dp: int, steps: int, device: str, timings: dict[str, float]) -> str:
-    from tracecal.samplers.workload import WorkloadConfig, run_local
+    from tracecal.workload import WorkloadConfig, run_local
 
     cfg = WorkloadConfig(pp=pp, tp=tp, dp=dp, steps=steps, device=device).validate()
     where = "local gloo ranks" if device == "cpu" else "CUDA rank(s)"

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tracecal.cli.common import stderr, user_errors
-from tracecal.samplers.workload import WorkloadConfig, run_local
+from tracecal.workload import WorkloadConfig, run_local
 
 _D = WorkloadConfig()
 
@@ -50,7 +50,7 @@ def run(
 ) -> None:
     """Spawn pp*tp*dp ranks on this machine (gloo on CPU), train, and write one torch.profiler trace
     per rank (OUT/rank{R}.pt.trace.json.gz) plus OUT/run.json. On a cluster use
-    `torchrun ... -m tracecal.samplers.workload` with the same options instead."""
+    `torchrun ... -m tracecal.workload` with the same options instead."""
     with user_errors():
         cfg = WorkloadConfig(
             pp=pp,

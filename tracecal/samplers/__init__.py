@@ -1,1 +1,1 @@
-"""Microbenchmark samplers (torch), sample import, and the reference training workload."""
+"""Microbenchmark samplers (torch) and sample import."""

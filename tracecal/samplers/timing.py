@@ -147,7 +147,7 @@ def _time_cuda(fn: Callable[[], Any], repeats: int, flush_bytes: int) -> list[fl
 
 
 def _time_profiler(fn: Callable[[], Any], warmup: int, repeats: int) -> list[float]:
-    from tracecal.samplers.workload.train import record_scalar_lists, records_scalar_lists
+    from tracecal.workload.train import record_scalar_lists, records_scalar_lists
 
     # the reference workload's profiler settings on CPU; the switch is process-wide, so torch's
     # default (on) is restored after timing

@@ -2,12 +2,12 @@
 (column/row-parallel linears + all-reduce) and data (bucketed gradient all-reduce) parallelism through
 ``torch.distributed``, profiled with torch.profiler — one Kineto trace per rank plus ``run.json``.
 
-``python -m tracecal.samplers.workload`` is one rank under ``torchrun``; ``run_local`` (and
+``python -m tracecal.workload`` is one rank under ``torchrun``; ``run_local`` (and
 ``tracecal workload run``) spawns the ranks on this machine. Importing this package does not import
 torch: the training code (``train``, ``model``, ``parallel``, ``schedule``) is loaded only in the ranks.
 """
 
-from tracecal.samplers.workload.config import TINY, TINY_LAYOUTS, WorkloadConfig
-from tracecal.samplers.workload.launch import LocalRun, run_local
+from tracecal.workload.config import TINY, TINY_LAYOUTS, WorkloadConfig
+from tracecal.workload.launch import LocalRun, run_local
 
 __all__ = ["TINY", "TINY_LAYOUTS", "LocalRun", "WorkloadConfig", "run_local"]

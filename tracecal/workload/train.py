@@ -25,10 +25,10 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
 from tracecal.errors import WorkloadError
-from tracecal.samplers.workload.config import WorkloadConfig
-from tracecal.samplers.workload.model import GPTStage, micro_batches
-from tracecal.samplers.workload.parallel import ParallelState, init_parallel
-from tracecal.samplers.workload.schedule import run_1f1b
+from tracecal.workload.config import WorkloadConfig
+from tracecal.workload.model import GPTStage, micro_batches
+from tracecal.workload.parallel import ParallelState, init_parallel
+from tracecal.workload.schedule import run_1f1b
 
 REDUCE_GRADS = "_exec_reduce_grads"
 OPTIMIZER = "## optimizer ##"
@@ -248,7 +248,7 @@ def _run_json(
             }
         )
     return {
-        "generator": "tracecal.samplers.workload",
+        "generator": "tracecal.workload",
         "model": cfg.model,
         "pp": cfg.pp,
         "tp": cfg.tp,

@@ -22,8 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tracecal.samplers.workload.config import WorkloadConfig
-from tracecal.samplers.workload.parallel import (
+from tracecal.workload.config import WorkloadConfig
+from tracecal.workload.parallel import (
     ColumnParallelLinear,
     ParallelState,
     RowParallelLinear,

@@ -1,7 +1,7 @@
 """Run the workload's ranks as local processes (CPU laptops and CI), or parse the rank command line.
 
 ``run_local`` does what ``torchrun --nproc-per-node WORLD`` would: it picks a free port, starts one
-``python -m tracecal.samplers.workload`` process per rank with the env:// variables set, and waits.
+``python -m tracecal.workload`` process per rank with the env:// variables set, and waits.
 The ranks write into a staging directory beside ``out`` that becomes ``out`` only when every rank
 succeeded, so a failed run leaves nothing half-written. If a rank fails, the others (which would
 wait for it in their next collective) are stopped and a ``WorkloadError`` names the rank and its error.
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tracecal.errors import WorkloadError
-from tracecal.samplers.workload.config import WorkloadConfig
+from tracecal.workload.config import WorkloadConfig
 
 ERROR_MARK = "tracecal-workload-error: "
 """Prefix of the one line a failing rank prints on stderr: ``<prefix><unix time> <Type>: <message>``."""
@@ -47,7 +47,7 @@ class LocalRun:
 
 
 def config_args(cfg: WorkloadConfig) -> list[str]:
-    """The command-line arguments that reproduce ``cfg`` for ``python -m tracecal.samplers.workload``."""
+    """The command-line arguments that reproduce ``cfg`` for ``python -m tracecal.workload``."""
     args: list[str] = []
     for f in fields(cfg):
         args += [f"--{f.name.replace('_', '-')}", str(getattr(cfg, f.name))]
@@ -67,7 +67,7 @@ def _parse_bool(text: str) -> bool:
 def argument_parser() -> argparse.ArgumentParser:
     """Parser of the rank command line: one option per ``WorkloadConfig`` field, plus ``--out``."""
     parser = argparse.ArgumentParser(
-        prog="python -m tracecal.samplers.workload",
+        prog="python -m tracecal.workload",
         description="Reference GPT training workload (PP/TP/DP) profiled with torch.profiler. Under torchrun "
         "each process is one rank; without torchrun the ranks are spawned locally on this machine.",
     )
@@ -181,7 +181,7 @@ def _spawn_and_wait(cfg: WorkloadConfig, staging: Path, logs: Path, limit: float
         # One rank's share of the cores, for OpenMP/MKL before torch.set_num_threads takes over.
         OMP_NUM_THREADS=str(cfg.threads or max(1, (os.cpu_count() or 1) // world)),
     )
-    cmd = [sys.executable, "-m", "tracecal.samplers.workload", *config_args(cfg), "--out", str(staging)]
+    cmd = [sys.executable, "-m", "tracecal.workload", *config_args(cfg), "--out", str(staging)]
     procs: list[subprocess.Popen[bytes]] = []
     log_paths = [logs / f"rank{r}.log" for r in range(world)]
     try:
@@ -238,12 +238,12 @@ def _publish(staging: Path, out: Path, force: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m tracecal.samplers.workload``: one rank under torchrun, else a local launch."""
+    """Entry point of ``python -m tracecal.workload``: one rank under torchrun, else a local launch."""
     ns = argument_parser().parse_args(argv)
     cfg = config_from_args(ns)
     if "RANK" in os.environ:
         try:
-            from tracecal.samplers.workload.train import train_rank
+            from tracecal.workload.train import train_rank
 
             train_rank(cfg, ns.out)
         except Exception as exc:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tracecal.errors import WorkloadError
-from tracecal.samplers.workload.config import WorkloadConfig
+from tracecal.workload.config import WorkloadConfig
 
 
 @dataclass

@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 
-from tracecal.samplers.workload.model import GPTStage
-from tracecal.samplers.workload.parallel import ParallelState
+from tracecal.workload.model import GPTStage
+from tracecal.workload.parallel import ParallelState
 
 SEND_ACTIVATIONS = "_exec_send_activations"
 RECV_ACTIVATIONS = "_exec_recv_activations"
