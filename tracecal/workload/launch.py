@@ -27,8 +27,8 @@ from typing import Any
 from tracecal.errors import WorkloadError
 from tracecal.workload.config import WorkloadConfig
 
-ERROR_MARK = "tracecal-workload-error: "
-"""Prefix of the one line a failing rank prints on stderr: ``<prefix><unix time> <Type>: <message>``."""
+ERROR_FILE_ENV = "TRACECAL_WORKLOAD_ERROR_FILE"
+"""Where a failing rank writes its error as JSON (``time``, ``type``, ``message``) for ``run_local``."""
 
 PORT_ATTEMPTS = 3
 """Launches tried when the rendezvous port turns out to be taken."""
@@ -105,19 +105,28 @@ def _check_out(out: Path, force: bool) -> None:
         )
 
 
-def _rank_error(log: Path) -> tuple[float, str]:
+def _rank_error(error_file: Path, log: Path) -> tuple[float, str]:
     """When a failed rank reported its error (unix time; infinity if it did not) and the one-line
-    error, else the last line of its stderr."""
+    error from its error file; a rank that died before writing one gives the last line of its stderr."""
+    try:
+        report = json.loads(error_file.read_text())
+        return float(report["time"]), f"{report['type']}: {report['message']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
     lines = log.read_text(errors="replace").splitlines() if log.exists() else []
-    for line in reversed(lines):
-        if line.startswith(ERROR_MARK):
-            when, _, message = line[len(ERROR_MARK) :].partition(" ")
-            try:
-                return float(when), message
-            except ValueError:
-                return float("inf"), line[len(ERROR_MARK) :]
     tail = [line for line in lines if line.strip()]
     return float("inf"), tail[-1].strip() if tail else "no output"
+
+
+def _report_error(exc: BaseException) -> None:
+    """Write a failing rank's error where ``run_local`` reads it, or to stderr under torchrun."""
+    message = str(exc).splitlines()[0] if str(exc) else ""
+    error_file = os.environ.get(ERROR_FILE_ENV)
+    if error_file:
+        report = {"time": time.time(), "type": type(exc).__name__, "message": message}
+        Path(error_file).write_text(json.dumps(report))
+    elif isinstance(exc, WorkloadError):
+        print(f"error: {type(exc).__name__}: {message}", file=sys.stderr, flush=True)
 
 
 def run_local(cfg: WorkloadConfig, out: Path, *, force: bool = False, timeout_s: float | None = None) -> LocalRun:
@@ -184,13 +193,14 @@ def _spawn_and_wait(cfg: WorkloadConfig, staging: Path, logs: Path, limit: float
     cmd = [sys.executable, "-m", "tracecal.workload", *config_args(cfg), "--out", str(staging)]
     procs: list[subprocess.Popen[bytes]] = []
     log_paths = [logs / f"rank{r}.log" for r in range(world)]
+    error_paths = [logs / f"rank{r}.error.json" for r in range(world)]
     try:
         for rank in range(world):
             with open(log_paths[rank], "wb") as log:
                 procs.append(
                     subprocess.Popen(
                         cmd,
-                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                        env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank), ERROR_FILE_ENV: str(error_paths[rank])},
                         stdout=subprocess.DEVNULL,
                         stderr=log,
                     )
@@ -208,7 +218,7 @@ def _spawn_and_wait(cfg: WorkloadConfig, staging: Path, logs: Path, limit: float
         failed = [r for r, p in enumerate(procs) if p.returncode not in (None, 0)]
         if failed:
             # The cause is the rank that reported first; the rest lost their connection to it.
-            errors = {r: _rank_error(log_paths[r]) for r in failed}
+            errors = {r: _rank_error(error_paths[r], log_paths[r]) for r in failed}
             rank = min(failed, key=lambda r: (errors[r][0], r))
             raise WorkloadError(f"workload rank {rank} failed (exit {procs[rank].returncode}): {errors[rank][1]}")
         if any(p.poll() is None for p in procs):
@@ -247,9 +257,8 @@ def main(argv: list[str] | None = None) -> int:
 
             train_rank(cfg, ns.out)
         except Exception as exc:
-            # One parseable line for run_local, then the traceback for a human reading torchrun's log.
-            message = str(exc).splitlines()[0] if str(exc) else ""
-            print(f"{ERROR_MARK}{time.time():.6f} {type(exc).__name__}: {message}", file=sys.stderr, flush=True)
+            # The error for run_local, then the traceback for a human reading torchrun's log.
+            _report_error(exc)
             if not isinstance(exc, WorkloadError):
                 raise
             return 2
