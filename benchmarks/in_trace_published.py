@@ -27,13 +27,14 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import orjson
 import polars as pl
 
 from tracecal.calibrate import load
 from tracecal.calibrate.in_trace import per_operator
 from tracecal.decode.consistency import misaligned_ops
 from tracecal.decode.shapes import family_shape_table
+from tracecal.ingest.decoded_run import activity_kind, read_kernel_table
+from tracecal.ingest.rebuilt_trace import types_for
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "gpumodeling25"
@@ -59,22 +60,11 @@ def calibrated_db() -> Path:
     return db
 
 
-def _types(dims: str | None) -> str | None:
-    """fp16 for every argument of ``dims`` (the tables lost Input type; the runs are fp16)."""
-    if dims is None:
-        return None
-    try:
-        arguments = orjson.loads(dims)
-    except orjson.JSONDecodeError:
-        return None
-    return orjson.dumps([HALF] * len(arguments)).decode() if isinstance(arguments, list) else None
-
-
 def read_tables() -> pl.DataFrame:
     """Every encoder table as kernel rows with ``operators`` columns plus table, run, rank, part."""
     frames = []
     for path in sorted(DATA.glob(f"runs/{CLUSTER}/*/*/[0-9]/encoder_*.csv")):
-        raw = pl.read_csv(path, infer_schema_length=0, null_values=["None", "null", ""])
+        raw = read_kernel_table(path)
         run, rank, part = path.parents[2].name, int(path.parent.name), path.stem.removeprefix("encoder_")
         frames.append(
             raw.select(
@@ -82,21 +72,16 @@ def read_tables() -> pl.DataFrame:
                 pl.lit(rank).alias("rank"),
                 pl.lit(part).alias("part"),
                 pl.lit(f"{run}/{rank}/{part}").alias("run_id"),
-                pl.col("cpu_op_1").alias("cpu_op_name"),
-                pl.col("cpu_op_1_id").cast(pl.Int64).alias("cpu_op_event_id"),
-                pl.col("cpu_op_1_input_dim").alias("input_dims"),
+                pl.col("inner_op").alias("cpu_op_name"),
+                pl.col("inner_id").alias("cpu_op_event_id"),
+                pl.col("inner_dims").alias("input_dims"),
                 pl.col("kernel").alias("name"),
-                pl.when(pl.col("kernel").str.starts_with("Memcpy"))
-                .then(pl.lit("memcpy"))
-                .when(pl.col("kernel").str.starts_with("Memset"))
-                .then(pl.lit("memset"))
-                .otherwise(pl.lit("kernel"))
-                .alias("kind"),
-                (pl.col("kernel_dur(us)").cast(pl.Float64) * 1000).round().cast(pl.Int64).alias("dur_ns"),
+                activity_kind(pl.col("kernel")).alias("kind"),
+                (pl.col("dur_us") * 1000).round().cast(pl.Int64).alias("dur_ns"),
             )
         )
     rows = pl.concat(frames).with_columns(
-        pl.col("input_dims").map_elements(_types, return_dtype=pl.Utf8).alias("input_types"),
+        pl.col("input_dims").map_elements(lambda d: types_for(d, HALF), return_dtype=pl.Utf8).alias("input_types"),
         pl.lit(None, pl.Utf8).alias("cpu_concrete_inputs"),
     )
     keys = ["cpu_op_name", "name", "kind", "input_dims", "input_types", "cpu_concrete_inputs"]

@@ -29,20 +29,25 @@ SWEEPS = ("layernorm", "RMSlayernorm", "res_add", "gelu", "RoPE", "bmm", "linear
 HALF = "c10::Half"
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory: pytest.TempPathFactory) -> CalibratedModels:
-    root = tmp_path_factory.mktemp("routing")
+def _calibrated(root: Path, source: Path, files: list[str], cluster: str) -> CalibratedModels:
+    """Models calibrated (2 folds) on a few of the published sample files, linked into ``root``."""
     samples = root / "samples"
     samples.mkdir()
-    for name in ["NVIDIAA100-SXM4-80GB.csv", *(f"NVIDIAA100-SXM4-80GB_{s}_fp16.csv" for s in SWEEPS)]:
-        (samples / name).symlink_to(COMPUTE / name)
+    for name in ["NVIDIAA100-SXM4-80GB.csv", *files]:
+        (samples / name).symlink_to(source / name)
     db = root / "cal.duckdb"
     runner = CliRunner()
-    result = runner.invoke(app, ["samples", "import", str(samples), "--cluster", "perlmutter", "--db", str(db)])
+    result = runner.invoke(app, ["samples", "import", str(samples), "--cluster", cluster, "--db", str(db)])
     assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["calibrate", "--cluster", "perlmutter", "--db", str(db), "--folds", "2"])
+    result = runner.invoke(app, ["calibrate", "--cluster", cluster, "--db", str(db), "--folds", "2"])
     assert result.exit_code == 0, result.output
-    return load("perlmutter", db=Path(db))
+    return load(cluster, db=db)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> CalibratedModels:
+    files = [f"NVIDIAA100-SXM4-80GB_{s}_fp16.csv" for s in SWEEPS]
+    return _calibrated(tmp_path_factory.mktemp("routing"), COMPUTE, files, "perlmutter")
 
 
 def _op(name: str, dims: list, family: str, phase: str = "fwd") -> dict:
@@ -192,17 +197,7 @@ def test_a_collective_far_outside_its_sweep_stays_uncovered(tmp_path: Path) -> N
     from tracecal.calibrate.routing import SIZE_MARGIN
 
     nccl = GPUMODELING25 / "samples" / "perlmutter_a100_nccl"
-    samples = tmp_path / "samples"
-    samples.mkdir()
-    for name in ("NVIDIAA100-SXM4-80GB.csv", "NVIDIAA100-SXM4-80GB_p2p_fp16_1_2.csv"):
-        (samples / name).symlink_to(nccl / name)
-    db = tmp_path / "comm.duckdb"
-    runner = CliRunner()
-    result = runner.invoke(app, ["samples", "import", str(samples), "--cluster", "c", "--db", str(db)])
-    assert result.exit_code == 0, result.output
-    result = runner.invoke(app, ["calibrate", "--cluster", "c", "--db", str(db), "--folds", "2"])
-    assert result.exit_code == 0, result.output
-    models = load("c", db=db)
+    models = _calibrated(tmp_path, nccl, ["NVIDIAA100-SXM4-80GB_p2p_fp16_1_2.csv"], "c")
     sweep = next(m for m in models.models if m.key.family == "comm")
     sizes = sweep.training["size_bytes"]
     lo, hi = float(sizes.min()), float(sizes.max())  # type: ignore[arg-type]

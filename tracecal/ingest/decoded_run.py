@@ -54,6 +54,17 @@ _NONE = "None"
 """How the published decoder writes a missing CPU operator."""
 
 
+def activity_kind(kernel: pl.Expr) -> pl.Expr:
+    """``memcpy``, ``memset`` or ``kernel`` from a GPU activity's name as the tables write it."""
+    return (
+        pl.when(kernel.str.starts_with("Memcpy"))
+        .then(pl.lit("memcpy"))
+        .when(kernel.str.starts_with("Memset"))
+        .then(pl.lit("memset"))
+        .otherwise(pl.lit("kernel"))
+    )
+
+
 def read_kernel_table(path: Path) -> pl.DataFrame:
     """One per-kernel table: ``outer_op, outer_id, outer_dims, inner_op, inner_id, inner_dims, kernel,
     overhead_us, dur_us`` in row order (CPU columns NULL where the decoder found none).

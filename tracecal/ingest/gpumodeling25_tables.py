@@ -25,6 +25,31 @@ NEOX_LOG_KEY = "neox_log"
 MODULE_TIMES_KEY = "run_level_module_times"
 
 
+def _table_rows(path: Path, columns: tuple[str, ...], expected: str) -> list[tuple[int, list[str]]]:
+    """The non-blank data rows of a small published CSV, with their line numbers, after checking that
+    the file exists, its header is ``columns`` and every row has one cell per column.
+
+    Raises:
+        InputNotFoundError: ``path`` does not exist (``expected`` says where such a table lives).
+        TraceFormatError: the header or a row's cell count is wrong.
+    """
+    if not path.is_file():
+        raise InputNotFoundError(f"no table at {path}; expected {expected}")
+    with path.open(newline="", encoding="utf-8") as handle:
+        rows = list(csv.reader(handle))
+    if not rows or tuple(cell.strip() for cell in rows[0]) != columns:
+        header = ",".join(rows[0]) if rows else "nothing"
+        raise TraceFormatError(f"{path}: header is {header!r}, expected {','.join(columns)!r}")
+    out = []
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        if len(row) != len(columns):
+            raise TraceFormatError(f"{path}:{line}: {len(row)} cells, expected {len(columns)}")
+        out.append((line, row))
+    return out
+
+
 def read_module_times(path: Path) -> dict[str, list[float]]:
     """Read a ``module,function,gpu_runtime(us)`` table: module name -> µs per traced rank.
 
@@ -35,21 +60,9 @@ def read_module_times(path: Path) -> dict[str, list[float]]:
         TraceFormatError: the header is not ``module,function,gpu_runtime(us)`` or a cell is not a list
             of numbers (the message names file, line and cell).
     """
-    if not path.is_file():
-        raise InputNotFoundError(f"no module-time table at {path}; expected <job>/module_times_average.csv or _min.csv")
-    with path.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.reader(handle))
-    if not rows or tuple(cell.strip() for cell in rows[0]) != MODULE_TIMES_COLUMNS:
-        header = ",".join(rows[0]) if rows else "nothing"
-        raise TraceFormatError(
-            f"{path}: header is {header!r}, expected {','.join(MODULE_TIMES_COLUMNS)!r}; pass a module_times_*.csv"
-        )
     times: dict[str, list[float]] = {}
-    for line, row in enumerate(rows[1:], start=2):
-        if not any(cell.strip() for cell in row):
-            continue
-        if len(row) != len(MODULE_TIMES_COLUMNS):
-            raise TraceFormatError(f"{path}:{line}: {len(row)} cells, expected {len(MODULE_TIMES_COLUMNS)}")
+    rows = _table_rows(path, MODULE_TIMES_COLUMNS, "<job>/module_times_average.csv or _min.csv")
+    for line, row in rows:
         module, _, cell = (c.strip() for c in row)
         values = _number_list(cell)
         if values is None:
@@ -120,19 +133,8 @@ def read_compares(path: Path) -> dict[str, dict[str, float | list[float]]]:
         InputNotFoundError: ``path`` does not exist.
         TraceFormatError: the header is not ``COMPARES_COLUMNS`` or a cell is not a number or list.
     """
-    if not path.is_file():
-        raise InputNotFoundError(f"no published comparison at {path}; expected <job>/best_batch/compares.csv")
-    with path.open(newline="", encoding="utf-8") as handle:
-        rows = list(csv.reader(handle))
-    if not rows or tuple(cell.strip() for cell in rows[0]) != COMPARES_COLUMNS:
-        header = ",".join(rows[0]) if rows else "nothing"
-        raise TraceFormatError(f"{path}: header is {header!r}, expected {','.join(COMPARES_COLUMNS)!r}")
     out: dict[str, dict[str, float | list[float]]] = {}
-    for line, row in enumerate(rows[1:], start=2):
-        if not any(cell.strip() for cell in row):
-            continue
-        if len(row) != len(COMPARES_COLUMNS):
-            raise TraceFormatError(f"{path}:{line}: {len(row)} cells, expected {len(COMPARES_COLUMNS)}")
+    for line, row in _table_rows(path, COMPARES_COLUMNS, "<job>/best_batch/compares.csv"):
         cells: dict[str, float | list[float]] = {}
         for key, cell in zip(("measurement", "prediction", "error", "abs_mean_error"), row[1:], strict=True):
             values = _number_list(cell.strip())

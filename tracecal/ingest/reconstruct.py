@@ -38,7 +38,7 @@ import numpy as np
 import polars as pl
 
 from tracecal.errors import TraceFormatError
-from tracecal.ingest.decoded_run import DecodedRun, occurrences, read_decoded_run
+from tracecal.ingest.decoded_run import DecodedRun, activity_kind, occurrences, read_decoded_run
 from tracecal.ingest.discover import ParallelLayout
 from tracecal.ingest.gpumodeling25_tables import MODULE_TIMES_KEY, NEOX_LOG_KEY
 from tracecal.ingest.neox_log import NeoxLog, parse_neox_log
@@ -176,12 +176,7 @@ def _kernel_rows(table: pl.DataFrame, n_occurrences: float, shape: RunShape) -> 
     kernel_type = table["kernel"].str.extract(_KERNEL_DTYPE.pattern, 1)
     return table.select(
         "kernel",
-        pl.when(pl.col("kernel").str.starts_with("Memcpy"))
-        .then(pl.lit("memcpy"))
-        .when(pl.col("kernel").str.starts_with("Memset"))
-        .then(pl.lit("memset"))
-        .otherwise(pl.lit("kernel"))
-        .alias("kind"),
+        activity_kind(pl.col("kernel")).alias("kind"),
         (pl.col("dur_us") * 1000).round().cast(pl.Int64).clip(lower_bound=0).alias("dur_ns"),
         (pl.col("overhead_us").clip(lower_bound=0) * 3000 / n_occurrences).round().cast(pl.Int64).alias("gap_ns"),
         "outer_op",
