@@ -1,4 +1,5 @@
-"""Opening a tracecal database: tables from ``sql/tables/*.sql``, views from ``sql/views/*.sql``.
+"""Opening a tracecal database: tables from ``sql/tables/*.sql``, views from ``sql/views/*.sql`` and
+the table macros they share from ``sql/macros/*.sql``.
 
 Callers own the connection (``with open_database(path) as con: ...``); library functions take a
 connection and never open hidden global ones.
@@ -39,6 +40,7 @@ from tracecal.errors import InputNotFoundError, SchemaError
 from tracecal.schema import SCHEMA_VERSION, TABLES, TABLES_DIR, Table
 
 VIEWS_DIR = Path(__file__).parent / "views"
+MACROS_DIR = Path(__file__).parent / "macros"
 
 _META_DDL = """
 CREATE TABLE IF NOT EXISTS tracecal_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -109,19 +111,26 @@ def view_files() -> list[Path]:
     return sorted(VIEWS_DIR.glob("*.sql"))
 
 
+def macro_files() -> list[Path]:
+    """Every macro definition the views use (one macro per file, named after the file)."""
+    return sorted(MACROS_DIR.glob("*.sql"))
+
+
 @cache
 def schema_fingerprint() -> str:
-    """sha256 of the schema version, every table DDL and view definition this tracecal ships and the
-    meta table's own: a version bump alone also takes the full path (and its version check)."""
+    """sha256 of the schema version, every table DDL, macro and view definition this tracecal ships and
+    the meta table's own: a version bump alone also takes the full path (and its version check)."""
     digest = hashlib.sha256(f"{SCHEMA_VERSION}\0{_META_DDL}".encode())
-    for path in [*table_ddl_files(), *view_files()]:
+    for path in [*table_ddl_files(), *macro_files(), *view_files()]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
 
 def schema_is_current(con: duckdb.DuckDBPyConnection) -> bool:
-    """The database was made by these DDL and view files (its stored fingerprint is this tracecal's),
-    every table still has its columns and every view is there: nothing to create or replace.
+    """The database was made by these DDL, macro and view files (its stored fingerprint is this
+    tracecal's), every table still has its columns and every view is there: nothing to create or
+    replace. Macros are trusted to the fingerprint: looking one up lists every built-in function, which
+    costs more than the rest of this check.
     Asks the catalog only, so a failed lookup never aborts the caller's transaction."""
     stored = _stored_columns(con)
     if "tracecal_meta" not in stored:  # a new database (or not a tracecal one)
@@ -191,13 +200,18 @@ def _check_columns(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def create_views(con: duckdb.DuckDBPyConnection, *, temporary: bool = False) -> None:
-    """(Re)create every view; views may read other views, so retry until all bind.
+    """(Re)create every macro, then every view; views may read other views, so retry until all bind.
 
-    ``temporary`` creates them as TEMP views, which DuckDB allows on a read-only connection: a read-only
-    session then sees this version's view definitions even in a database written by an older one.
+    ``temporary`` creates them as TEMP macros and views, which DuckDB allows on a read-only connection: a
+    read-only session then sees this version's definitions even in a database written by an older one.
     Views that cannot bind raise in a writable database; in a temporary pass they are left out (their
     tables are missing from an older database and a query on them says so).
     """
+    for path in macro_files():
+        text = path.read_text()
+        if temporary:
+            text = text.replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO", 1)
+        con.execute(text)
     pending = view_files()
     while pending:
         failed: list[tuple[Path, Exception]] = []

@@ -16,7 +16,7 @@ span AS (
     JOIN best_iteration AS b ON b.run_id = i.run_id AND b.iteration = i.iteration
 ),
 ops AS (
-    SELECT o.run_id, o.rank, o.event_id, p.prio,
+    SELECT o.run_id, o.rank, p.prio,
            greatest(o.ts_ns, span.start_ns) AS s,
            least(o.ts_ns + o.dur_ns, span.end_ns) AS e
     FROM operators AS o
@@ -25,29 +25,13 @@ ops AS (
     WHERE o.dur_ns IS NOT NULL
 ),
 levels AS (
-    SELECT ops.run_id, ops.rank, ops.event_id, ops.s, ops.e, l.level
+    SELECT ops.run_id, ops.rank, ops.s, ops.e, l.level
     FROM ops JOIN (SELECT prio AS level FROM priority) AS l ON ops.prio <= l.level
     WHERE ops.e > ops.s
 ),
-ordered AS (
-    -- event_id breaks ties: both windows must order tied intervals the same way, or a tied row can
-    -- close an island in one window and reopen the previous one in the other
-    SELECT *, max(e) OVER (
-        PARTITION BY run_id, rank, level ORDER BY s, e, event_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
-    ) AS prev_end
-    FROM levels
-),
-islands AS (
-    SELECT *, sum(CASE WHEN prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END) OVER (
-        PARTITION BY run_id, rank, level ORDER BY s, e, event_id ROWS UNBOUNDED PRECEDING
-    ) AS island
-    FROM ordered
-),
 busy AS (
-    -- union length of all components with priority <= level
-    SELECT run_id, rank, level, sum(e - s)::BIGINT AS busy_ns
-    FROM (SELECT run_id, rank, level, island, min(s) AS s, max(e) AS e FROM islands GROUP BY ALL)
-    GROUP BY ALL
+    -- union length of all components with priority <= level (macros/interval_union.sql)
+    SELECT run_id, rank, level, union_ns AS busy_ns FROM interval_union('levels')
 ),
 grid AS (
     SELECT span.*, p.component, p.prio FROM span CROSS JOIN priority AS p

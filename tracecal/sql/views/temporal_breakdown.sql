@@ -7,7 +7,7 @@
 CREATE OR REPLACE VIEW temporal_breakdown AS
 WITH gpu AS (
     SELECT
-        run_id, rank, event_id, ts_ns AS s, ts_ns + dur_ns AS e,
+        run_id, rank, ts_ns AS s, ts_ns + dur_ns AS e,
         CASE WHEN family = 'comm' THEN 2 WHEN kind IN ('memcpy', 'memset') THEN 3 ELSE 1 END AS cls
     FROM operators
     WHERE kind IN ('kernel', 'memcpy', 'memset') AND dur_ns IS NOT NULL
@@ -16,22 +16,9 @@ levels AS (
     -- level 1: compute; level 2: compute + communication; level 3: everything
     SELECT gpu.*, l.level FROM gpu JOIN (VALUES (1), (2), (3)) AS l(level) ON gpu.cls <= l.level
 ),
-ordered AS (
-    SELECT *, max(e) OVER (
-        PARTITION BY run_id, rank, level ORDER BY s, e, event_id ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
-    ) AS prev_end
-    FROM levels
-),
-islands AS (
-    SELECT *, sum(CASE WHEN prev_end IS NULL OR s > prev_end THEN 1 ELSE 0 END) OVER (
-        PARTITION BY run_id, rank, level ORDER BY s, e, event_id ROWS UNBOUNDED PRECEDING
-    ) AS island
-    FROM ordered
-),
 busy AS (
-    SELECT run_id, rank, level, sum(e - s)::BIGINT AS busy_ns
-    FROM (SELECT run_id, rank, level, island, min(s) AS s, max(e) AS e FROM islands GROUP BY ALL)
-    GROUP BY ALL
+    -- union length of the classes up to level (macros/interval_union.sql)
+    SELECT run_id, rank, level, union_ns AS busy_ns FROM interval_union('levels')
 ),
 span AS (
     SELECT run_id, rank, min(s) AS start_ns, max(e) AS end_ns FROM gpu GROUP BY ALL
