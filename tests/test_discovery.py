@@ -1,4 +1,4 @@
-"""Run discovery (SPEC §3.1): layouts, rank from path, parallel layout sources, world size."""
+"""Run discovery (docs/discovery.md): layouts, rank from path, parallel layout sources, world size."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Bad input (SPEC §8): one clear line naming the file, exit status 2, and the database unchanged."""
+"""Bad input (docs/discovery.md#failure-policy): one clear line naming the file, exit status 2, and the
+database unchanged."""
 
 from __future__ import annotations
 

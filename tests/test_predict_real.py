@@ -1,6 +1,6 @@
 """Replay fidelity on real traces: dlrm_8rank (8×V100, NCCL) and the reference workload (gloo, CPU).
 
-Measured-mode replay must reproduce every rank's measured best-iteration time within 2 % (SPEC §7);
+Measured-mode replay must reproduce every rank's measured best-iteration time within 2 %;
 the graph is built so that it does exactly, and these tests would catch any rule that breaks it on
 real data (a cycle, a dropped operator, a misplaced span).
 """

@@ -81,8 +81,8 @@ SHAPE_COLUMNS = _cols(
     ("flops", "DOUBLE", "floating-point operations derived from the shape (2·M·N·K·batch for GEMM)"),
     ("io_bytes", "DOUBLE", "bytes read plus written, derived from the shape and dtype"),
 )
-"""Shape features shared by traced operators and microbenchmark samples: this is the join key of
-the product (SPEC §6.2). The same code in ``tracecal.decode.shapes`` fills them on both sides."""
+"""Shape features shared by traced operators and microbenchmark samples: the join key of the product
+(docs/calibration.md#features). The same code in ``tracecal.decode.shapes`` fills them on both sides."""
 
 COMM_COLUMNS = _cols(
     ("size_bytes", "BIGINT", "collective payload in bytes (nccl-tests S: the total size for gathers)"),
@@ -147,7 +147,11 @@ RANKS = Table(
         ("rank_source", "VARCHAR", "where the rank came from: distributedInfo, path, nsys_order, ..."),
         ("events", "BIGINT", "complete events stored for this rank"),
         ("kernels", "BIGINT", "GPU kernels among them"),
-        ("clock_offset_ns", "BIGINT", "offset added to this rank's timestamps to align clocks (SPEC §5.5)"),
+        (
+            "clock_offset_ns",
+            "BIGINT",
+            "offset added to this rank's timestamps to align clocks (docs/decode.md#clock-alignment)",
+        ),
         ("clock_residual_ns", "BIGINT", "median absolute residual of matched collective ends after alignment"),
     ),
 )
@@ -237,15 +241,15 @@ OPERATORS = Table(
         (
             "family",
             "VARCHAR",
-            "op family (SPEC §5.1): gemm, attention, softmax, norm, elementwise, "
+            "op family (docs/decode.md#families): gemm, attention, softmax, norm, elementwise, "
             "embedding, loss, optimizer, memcpy, memset, comm, other",
         ),
-        ("phase", "VARCHAR", "fwd, bwd, optimizer, other (SPEC §5.2)"),
+        ("phase", "VARCHAR", "fwd, bwd, optimizer, other (docs/decode.md#phases)"),
         (
             "component",
             "VARCHAR",
             "compute_fwd, compute_bwd, optimizer, comm_tp, comm_dp, comm_pp, comm_ep, "
-            "comm_other, memcpy, other (SPEC §5.3)",
+            "comm_other, memcpy, other (docs/decode.md#components)",
         ),
         ("iteration", "INTEGER", "iteration whose CPU window launched this activity; NULL when outside all"),
         (
@@ -315,7 +319,7 @@ SAMPLES = Table(
         ("cluster", "VARCHAR", "cluster name (perlmutter, vista, local, ...)"),
         ("device_name", "VARCHAR", "GPU or CPU name"),
         ("host", "VARCHAR", "host that took the sample"),
-        ("family", "VARCHAR", "op family (SPEC §5.1) or comm"),
+        ("family", "VARCHAR", "op family (docs/decode.md#families) or comm"),
         ("op", "VARCHAR", "source op: published name (linear1, allreduce) or sampled op (aten::mm, all_reduce)"),
         ("direction", "VARCHAR", "fwd or bwd (comm: fwd)"),
         ("tp", "INTEGER", "tensor-parallel size the shape was derived for (published samples), else NULL"),
@@ -396,7 +400,7 @@ PREDICTIONS = Table(
         ("rank", "INTEGER", "global rank"),
         ("event_id", "BIGINT", "events.event_id of the operator"),
         ("family", "VARCHAR", "op family"),
-        ("component", "VARCHAR", "component (SPEC §5.3)"),
+        ("component", "VARCHAR", "component (docs/decode.md#components)"),
         ("measured_dur_ns", "BIGINT", "duration in the trace"),
         (
             "predicted_dur_ns",

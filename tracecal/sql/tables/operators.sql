@@ -71,9 +71,9 @@ COMMENT ON COLUMN operators.scope_name IS 'outermost framework scope enclosing t
 COMMENT ON COLUMN operators.input_dims IS 'Input Dims of the CPU operator as JSON text';
 COMMENT ON COLUMN operators.input_types IS 'Input type of the CPU operator as JSON text';
 COMMENT ON COLUMN operators.sequence_number IS 'autograd sequence number of the CPU operator';
-COMMENT ON COLUMN operators.family IS 'op family (SPEC §5.1): gemm, attention, softmax, norm, elementwise, embedding, loss, optimizer, memcpy, memset, comm, other';
-COMMENT ON COLUMN operators.phase IS 'fwd, bwd, optimizer, other (SPEC §5.2)';
-COMMENT ON COLUMN operators.component IS 'compute_fwd, compute_bwd, optimizer, comm_tp, comm_dp, comm_pp, comm_ep, comm_other, memcpy, other (SPEC §5.3)';
+COMMENT ON COLUMN operators.family IS 'op family (docs/decode.md#families): gemm, attention, softmax, norm, elementwise, embedding, loss, optimizer, memcpy, memset, comm, other';
+COMMENT ON COLUMN operators.phase IS 'fwd, bwd, optimizer, other (docs/decode.md#phases)';
+COMMENT ON COLUMN operators.component IS 'compute_fwd, compute_bwd, optimizer, comm_tp, comm_dp, comm_pp, comm_ep, comm_other, memcpy, other (docs/decode.md#components)';
 COMMENT ON COLUMN operators.iteration IS 'iteration whose CPU window launched this activity; NULL when outside all';
 COMMENT ON COLUMN operators.link IS 'how the CPU operator was found: external_id (runtime call''s External id), time (innermost cpu_op enclosing the runtime call on its thread), self (CPU-only traces), none';
 COMMENT ON COLUMN operators.batch IS 'GEMM batch count (bmm/baddbmm), micro-batch size, optimizer: tensors updated';

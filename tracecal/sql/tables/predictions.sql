@@ -23,7 +23,7 @@ COMMENT ON COLUMN predictions.mode IS 'measured, predicted, or scaled';
 COMMENT ON COLUMN predictions.rank IS 'global rank';
 COMMENT ON COLUMN predictions.event_id IS 'events.event_id of the operator';
 COMMENT ON COLUMN predictions.family IS 'op family';
-COMMENT ON COLUMN predictions.component IS 'component (SPEC §5.3)';
+COMMENT ON COLUMN predictions.component IS 'component (docs/decode.md#components)';
 COMMENT ON COLUMN predictions.measured_dur_ns IS 'duration in the trace';
 COMMENT ON COLUMN predictions.predicted_dur_ns IS 'replayed duration (end − start; a collective member includes its wait for the last member)';
 COMMENT ON COLUMN predictions.duration_source IS 'model, measured (uncovered), or scale';

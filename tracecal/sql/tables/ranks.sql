@@ -29,5 +29,5 @@ COMMENT ON COLUMN ranks.schema_era IS 'Kineto category era: 2021, 2022, 2024 (or
 COMMENT ON COLUMN ranks.rank_source IS 'where the rank came from: distributedInfo, path, nsys_order, ...';
 COMMENT ON COLUMN ranks.events IS 'complete events stored for this rank';
 COMMENT ON COLUMN ranks.kernels IS 'GPU kernels among them';
-COMMENT ON COLUMN ranks.clock_offset_ns IS 'offset added to this rank''s timestamps to align clocks (SPEC §5.5)';
+COMMENT ON COLUMN ranks.clock_offset_ns IS 'offset added to this rank''s timestamps to align clocks (docs/decode.md#clock-alignment)';
 COMMENT ON COLUMN ranks.clock_residual_ns IS 'median absolute residual of matched collective ends after alignment';

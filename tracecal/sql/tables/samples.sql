@@ -50,7 +50,7 @@ COMMENT ON COLUMN samples.sample_id IS 'stable id: hash of cluster, source, op, 
 COMMENT ON COLUMN samples.cluster IS 'cluster name (perlmutter, vista, local, ...)';
 COMMENT ON COLUMN samples.device_name IS 'GPU or CPU name';
 COMMENT ON COLUMN samples.host IS 'host that took the sample';
-COMMENT ON COLUMN samples.family IS 'op family (SPEC §5.1) or comm';
+COMMENT ON COLUMN samples.family IS 'op family (docs/decode.md#families) or comm';
 COMMENT ON COLUMN samples.op IS 'source op: published name (linear1, allreduce) or sampled op (aten::mm, all_reduce)';
 COMMENT ON COLUMN samples.direction IS 'fwd or bwd (comm: fwd)';
 COMMENT ON COLUMN samples.tp IS 'tensor-parallel size the shape was derived for (published samples), else NULL';

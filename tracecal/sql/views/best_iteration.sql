@@ -1,4 +1,5 @@
--- best_iteration: the run's best iteration (SPEC §5.4): the one whose slowest rank is fastest.
+-- best_iteration: the run's best iteration (docs/decode.md#iterations): the one whose slowest rank
+-- is fastest.
 -- Only iterations recorded on every rank compete (when any is); ties go to the lower index.
 CREATE OR REPLACE VIEW best_iteration AS
 WITH per_iteration AS (
@@ -39,5 +40,5 @@ COMMENT ON COLUMN best_iteration.fastest_rank IS 'rank with the shortest span in
 COMMENT ON COLUMN best_iteration.fastest_rank_ns IS 'span of the fastest rank, ns';
 COMMENT ON COLUMN best_iteration.ranks IS 'ranks that recorded this iteration';
 COMMENT ON COLUMN best_iteration.on_all_ranks IS 'true when every rank of the run recorded this iteration';
-COMMENT ON COLUMN best_iteration.aligned_span_ns IS 'latest aligned end minus earliest aligned start over ranks (clock-aligned, SPEC §5.5), ns';
+COMMENT ON COLUMN best_iteration.aligned_span_ns IS 'latest aligned end minus earliest aligned start over ranks (clock-aligned, docs/decode.md#clock-alignment), ns';
 COMMENT ON COLUMN best_iteration.has_marker IS 'false when a rank had no iteration markers and its capture counts as one iteration';

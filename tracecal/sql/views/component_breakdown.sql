@@ -1,7 +1,7 @@
 -- component_breakdown: per run and rank, the best iteration's span split into components
--- (SPEC §5.3) plus idle. Where activities of several components overlap, the instant goes to
--- the first in priority order compute_bwd, compute_fwd, optimizer, comm_tp, comm_pp, comm_dp,
--- comm_ep, comm_other, memcpy, other (so communication counts only where it is exposed).
+-- (docs/decode.md#components) plus idle. Where activities of several components overlap, the
+-- instant goes to the first in priority order compute_bwd, compute_fwd, optimizer, comm_tp, comm_pp,
+-- comm_dp, comm_ep, comm_other, memcpy, other (so communication counts only where it is exposed).
 -- Activities are clipped to the rank's iteration span; the rows of a rank sum to span_ns.
 CREATE OR REPLACE VIEW component_breakdown AS
 WITH priority(component, prio) AS (
@@ -54,7 +54,7 @@ with_idle AS (
 SELECT run_id, rank, iteration, component, time_ns, span_ns, time_ns / nullif(span_ns, 0) AS share
 FROM with_idle
 ORDER BY run_id, rank, prio;
-COMMENT ON VIEW component_breakdown IS 'Best iteration per run and rank: exclusive time per component (SPEC §5.3) plus idle; sums to the rank''s iteration span';
+COMMENT ON VIEW component_breakdown IS 'Best iteration per run and rank: exclusive time per component (docs/decode.md#components) plus idle; sums to the rank''s iteration span';
 COMMENT ON COLUMN component_breakdown.run_id IS 'run identifier';
 COMMENT ON COLUMN component_breakdown.rank IS 'global rank';
 COMMENT ON COLUMN component_breakdown.iteration IS 'the run''s best iteration';

@@ -1,5 +1,6 @@
--- iteration_stats: spread of iteration times per run (SPEC §5.4). An iteration's time is its
--- slowest rank's span; statistics are over iterations recorded on every rank (all when none is).
+-- iteration_stats: spread of iteration times per run (docs/decode.md#iterations). An iteration's
+-- time is its slowest rank's span; statistics are over iterations recorded on every rank (all when
+-- none is).
 CREATE OR REPLACE VIEW iteration_stats AS
 WITH per_iteration AS (
     SELECT run_id, iteration, max(dur_ns) AS dur_ns, count(DISTINCT rank) AS ranks

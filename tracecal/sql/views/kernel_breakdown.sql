@@ -20,7 +20,7 @@ COMMENT ON VIEW kernel_breakdown IS 'GPU kernels, memcpys and memsets per run by
 COMMENT ON COLUMN kernel_breakdown.run_id IS 'run identifier';
 COMMENT ON COLUMN kernel_breakdown.kind IS 'kernel, memcpy or memset';
 COMMENT ON COLUMN kernel_breakdown.name IS 'kernel / activity name';
-COMMENT ON COLUMN kernel_breakdown.family IS 'op family (SPEC §5.1) of the activity';
+COMMENT ON COLUMN kernel_breakdown.family IS 'op family (docs/decode.md#families) of the activity';
 COMMENT ON COLUMN kernel_breakdown.count IS 'activities over all ranks';
 COMMENT ON COLUMN kernel_breakdown.ranks IS 'ranks that ran it';
 COMMENT ON COLUMN kernel_breakdown.streams IS 'distinct GPU streams it ran on';

@@ -20,8 +20,8 @@ FROM operators
 GROUP BY run_id, family, phase, coalesce(cpu_op_name, name), input_dims, dtype;
 COMMENT ON VIEW op_summary IS 'Operators per run by family, phase, CPU operator (kernel name when unlinked) and input shape';
 COMMENT ON COLUMN op_summary.run_id IS 'run identifier';
-COMMENT ON COLUMN op_summary.family IS 'op family (SPEC §5.1)';
-COMMENT ON COLUMN op_summary.phase IS 'fwd, bwd, optimizer, other (SPEC §5.2)';
+COMMENT ON COLUMN op_summary.family IS 'op family (docs/decode.md#families)';
+COMMENT ON COLUMN op_summary.phase IS 'fwd, bwd, optimizer, other (docs/decode.md#phases)';
 COMMENT ON COLUMN op_summary.op IS 'innermost CPU operator, or the activity name when unlinked';
 COMMENT ON COLUMN op_summary.input_dims IS 'Input Dims of the CPU operator as JSON text';
 COMMENT ON COLUMN op_summary.dtype IS 'element type of the main input';

@@ -22,7 +22,7 @@ FROM samples
 GROUP BY ALL;
 COMMENT ON VIEW samples_overview IS 'Stored samples per cluster, family, op, direction and source, with flagged counts';
 COMMENT ON COLUMN samples_overview.cluster IS 'cluster name';
-COMMENT ON COLUMN samples_overview.family IS 'op family (SPEC §5.1) or comm';
+COMMENT ON COLUMN samples_overview.family IS 'op family (docs/decode.md#families) or comm';
 COMMENT ON COLUMN samples_overview.op IS 'published op name or sampled op';
 COMMENT ON COLUMN samples_overview.direction IS 'fwd or bwd';
 COMMENT ON COLUMN samples_overview.source IS 'sampler or imported:<format>';
