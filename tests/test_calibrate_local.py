@@ -20,7 +20,7 @@ from tracecal.calibrate import load
 from tracecal.calibrate.estimators import DurationRegressor
 from tracecal.calibrate.features import feature_frame, informative_phase, usable_features
 from tracecal.calibrate.fitting import GroupKey, fit_group
-from tracecal.calibrate.local import K_GRID, MEDIAN, LocalLinear, _weighted_median
+from tracecal.calibrate.local import K_GRID, MEDIAN, LocalLinear, weighted_median
 from tracecal.calibrate.selection import select_model
 from tracecal.calibrate.validation import holdout_split
 from tracecal.cli.main import app
@@ -191,8 +191,8 @@ def test_unknown_shapes_and_k_are_refused() -> None:
 
 def test_weighted_median_shape_for_skewed_noise() -> None:
     # by hand: weights exp(-v) = 1, 0.90, 0.82 -> half of 2.72 is passed at the second value
-    assert _weighted_median(np.array([[0.2, 0.0, 0.1]]))[0] == pytest.approx(0.1)
-    assert _weighted_median(np.array([[0.0, np.log(2.0)]]))[0] == 0.0  # 1/y weights favour the faster
+    assert weighted_median(np.array([[0.2, 0.0, 0.1]]))[0] == pytest.approx(0.1)
+    assert weighted_median(np.array([[0.0, np.log(2.0)]]))[0] == 0.0  # 1/y weights favour the faster
     rng = np.random.default_rng(5)
     key = np.arange(800, dtype=float)
     value = 0.001 * key + rng.normal(0.0, 0.005, 800)

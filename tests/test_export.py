@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
@@ -21,7 +22,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import KINETO
 from tracecal.cli.main import app
-from tracecal.ingest.kineto_events import _ns
+from tracecal.ingest.kineto import parse_kineto_file
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict import export as ex
 from tracecal.predict.export_store import export_run
@@ -213,30 +214,42 @@ def test_lanes_move_only_spans_that_do_not_nest() -> None:
     assert ex.check_nesting(spans) == 1
 
 
-def test_microseconds_text_reads_back_as_the_same_nanoseconds() -> None:
+def test_event_times_are_exact_microsecond_text_that_reads_back_as_the_same_nanoseconds(tmp_path: Path) -> None:
     ns = [0, 1, 999, 1000, 1500, 4884159656875035, 1694128201428123500, -2500]
-    text = pl.DataFrame({"t": ns}).select(ex._microseconds("t").alias("t"))["t"].to_list()
-    assert text[:5] == ["0", "0.001", "0.999", "1", "1.500"] and text[-1] == "-2.500"
-    parsed = _ns([json.loads(t) for t in text])
-    assert parsed.to_pylist() == ns and parsed.type == pa.int64()
+    durations = [1500, 2000, *ns[2:]]
+    spans = pl.DataFrame({"pid": 1, "tid": 1, "name": "op", "cat": "cpu_op", "ts_ns": ns, "dur_ns": durations})
+    text = "".join(ex.event_lines(spans))
+    written = re.findall(r'"ts":([^,]*),', text)
+    assert written[:5] == ["0", "0.001", "0.999", "1", "1.500"] and written[-1] == "-2.500"
+    trace = tmp_path / "exported.json"
+    trace.write_text('{"traceEvents": [' + text + "]}")
+    events = parse_kineto_file(trace).events
+    assert isinstance(events, pa.Table)
+    assert events.column("ts_ns").to_pylist() == ns
+    assert events.column("dur_ns").to_pylist() == durations
 
 
-def _walk_nests(starts: list[int], ends: list[int]) -> bool:
-    """Reference: one stack of open ends; a span must end inside the innermost span still open."""
-    stack: list[int] = []
+def _walk_lanes(starts: list[int], ends: list[int]) -> list[int]:
+    """Reference: one stack of open ends per lane; a span goes to the first lane where it ends inside
+    the innermost span still open (or nothing is open)."""
+    stacks: list[list[int]] = []
+    lanes = []
     for s, e in zip(starts, ends, strict=True):
-        while stack and stack[-1] <= s:
-            stack.pop()
-        if stack and e > stack[-1]:
-            return False
-        stack.append(e)
-    return True
+        for stack in stacks:
+            while stack and stack[-1] <= s:
+                stack.pop()
+        lane = next((k for k, stack in enumerate(stacks) if not stack or e <= stack[-1]), len(stacks))
+        if lane == len(stacks):
+            stacks.append([])
+        stacks[lane].append(e)
+        lanes.append(lane)
+    return lanes
 
 
 @given(st.lists(st.tuples(st.integers(0, 12), st.integers(0, 6)), min_size=1, max_size=14))
-def test_nesting_check_agrees_with_a_stack_walk(spans: list[tuple[int, int]]) -> None:
+def test_nesting_lanes_agree_with_a_stack_walk(spans: list[tuple[int, int]]) -> None:
     # sorted as a thread is: by start, longest first; ties, empty spans and touching ends included
     ordered = sorted(spans, key=lambda sd: (sd[0], -sd[1]))
     starts = np.array([s for s, _ in ordered])
     ends = np.array([s + d for s, d in ordered])
-    assert ex._nests(starts, ends) == _walk_nests(starts.tolist(), ends.tolist())
+    assert ex.nesting_lanes(starts, ends).tolist() == _walk_lanes(starts.tolist(), ends.tolist())

@@ -12,14 +12,15 @@ from tracecal.samplers.comm import (
     COLLECTIVES,
     CommSettings,
     Topology,
-    _groups,
     load_comm_config,
+    make_group,
     parse_size,
     plan,
 )
-from tracecal.samplers.comm_launch import _free_port, spawn_local, write_parquet
+from tracecal.samplers.comm_launch import spawn_local, write_parquet
 from tracecal.sql.connection import open_database
 from tracecal.sql.samples import import_parquet, write_samples
+from tracecal.workload.launch import free_port
 
 
 def test_parse_size_binary_multiples() -> None:
@@ -92,7 +93,7 @@ def test_the_torchrun_entry_point_writes_rank0_samples(tmp_path: Path) -> None:
     import sys
 
     out = tmp_path / "comm.parquet"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(free_port()),
            "-m", "tracecal.samplers.comm", "--cluster", "tr", "--sizes", "4K", "--collectives", "all_reduce,broadcast",
            "--repeats", "2", "--warmup", "1", "--output", str(out)]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
@@ -124,17 +125,17 @@ class _StubDist:
 
 def test_groups_of_a_two_node_job_by_four_gpus() -> None:
     dist = _StubDist(rank=5)
-    assert _groups(dist, "world", 8, 4) == (None, list(range(8)), Topology(8, 2, 4), 1)
-    group, members, topo, concurrent = _groups(dist, "node:2", 8, 4)
+    assert make_group(dist, "world", 8, 4) == (None, list(range(8)), Topology(8, 2, 4), 1)
+    group, members, topo, concurrent = make_group(dist, "node:2", 8, 4)
     assert (members, topo, concurrent) == ([4, 5], Topology(2, 1, 2), 4)
     assert dist.created == [[0, 1], [2, 3], [4, 5], [6, 7]] and group == "group2"  # every rank creates all
     dist.created.clear()
-    group, members, topo, concurrent = _groups(dist, "cross-node", 8, 4)
+    group, members, topo, concurrent = make_group(dist, "cross-node", 8, 4)
     assert (members, topo, concurrent) == ([1, 5], Topology(2, 2, 1), 4)
     assert dist.created == [[0, 4], [1, 5], [2, 6], [3, 7]]
-    assert _groups(dist, "node:3", 8, 4) is None  # 3 does not divide 4 GPUs per node
-    assert _groups(dist, "node:8", 8, 4) is None  # wider than a node
-    assert _groups(dist, "cross-node", 4, 4) is None  # one node
+    assert make_group(dist, "node:3", 8, 4) is None  # 3 does not divide 4 GPUs per node
+    assert make_group(dist, "node:8", 8, 4) is None  # wider than a node
+    assert make_group(dist, "cross-node", 4, 4) is None  # one node
 
 
 def test_unknown_groups_are_refused() -> None:
@@ -161,7 +162,7 @@ def test_nccl_timing_path_aligns_times_and_takes_the_slowest_rank() -> None:
     waited for, ms -> ns, and the per-repeat MAX all-reduce over ranks on the device."""
     from types import SimpleNamespace
 
-    from tracecal.samplers.comm import _time_aligned
+    from tracecal.samplers.comm import time_aligned
 
     log: list[object] = []
 
@@ -209,7 +210,7 @@ def test_nccl_timing_path_aligns_times_and_takes_the_slowest_rank() -> None:
         ReduceOp=SimpleNamespace(MAX="MAX"),
     )  # fmt: skip
     settings = CommSettings("c", warmup=1, repeats=2)
-    out = _time_aligned(dist, torch, lambda: log.append("call"), settings, device, cuda=True)
+    out = time_aligned(dist, torch, lambda: log.append("call"), settings, device, cuda=True)
     one = [("barrier", [3]), ("sync", 3), "record", "call", "record", "wait end"]
     assert log == ["call", *one, *one, ("tensor", device), ("all_reduce", "MAX")]
     assert out == [0.5e6, 0.5e6]

@@ -5,6 +5,7 @@ These run in-process without torch.distributed; ``test_workload_runs.py`` launch
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import replace
@@ -17,7 +18,8 @@ from typer.testing import CliRunner
 from tracecal.cli.main import app
 from tracecal.errors import WorkloadError
 from tracecal.workload import WorkloadConfig, run_local
-from tracecal.workload.launch import argument_parser, config_args, config_from_args
+from tracecal.workload.launch import ERROR_FILE_ENV, argument_parser, config_args, config_from_args
+from tracecal.workload.launch import main as launch_main
 from tracecal.workload.model import GPTStage, full_tensor, micro_batches, synthetic_batch
 from tracecal.workload.parallel import ParallelState
 from tracecal.workload.train import plan_buckets
@@ -137,6 +139,23 @@ def test_an_existing_run_is_not_overwritten(tmp_path: Path) -> None:
     assert (tmp_path / "run.json").read_text() == "{}"
 
 
+def test_a_failing_rank_writes_its_error_to_the_error_file_and_nothing_to_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One rank as ``run_local`` starts it (RANK and the error file in its environment): its error goes
+    to the file as JSON, where ``run_local`` reads it, and stderr stays empty."""
+    error_file = tmp_path / "rank0.error.json"
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv(ERROR_FILE_ENV, str(error_file))
+    assert launch_main(["--vocab", "1", "--out", str(tmp_path / "run")]) == 2
+    report = json.loads(error_file.read_text())
+    assert (report["type"], report["message"]) == ("WorkloadError", "--vocab must be at least 2 (got 1)")
+    assert isinstance(report["time"], float)
+    assert capsys.readouterr().err == ""
+    assert not (tmp_path / "run").exists()
+
+
 def test_cli_reports_an_inconsistent_config_in_one_line(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["workload", "run", "--pp", "3", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2
@@ -148,7 +167,7 @@ def test_single_stage_schedule_accumulates_the_mean_loss_gradient() -> None:
     from torch.nn import functional as F
 
     from tracecal.workload.schedule import run_1f1b
-    from tracecal.workload.train import _autocast
+    from tracecal.workload.train import autocast_for
 
     cfg = WorkloadConfig(pp=1, layers=1, hidden=32, heads=2, seq=8, vocab=64, micro_batches=3)
     batches = micro_batches(cfg, 0, step=0)
@@ -162,7 +181,7 @@ def test_single_stage_schedule_accumulates_the_mean_loss_gradient() -> None:
         assert p.grad is not None and torch.allclose(p.grad, q.grad, rtol=1e-4, atol=1e-7), name
     # bfloat16 runs the forward under autocast: close to float32, but not the same numbers
     bf16 = replace(cfg, dtype="bfloat16")
-    low = run_1f1b(GPTStage(bf16, _state(bf16, 0)), _state(bf16, 0), batches, _autocast(bf16, torch.device("cpu")))
+    low = run_1f1b(GPTStage(bf16, _state(bf16, 0)), _state(bf16, 0), batches, autocast_for(bf16, torch.device("cpu")))
     assert [float(v) for v in low] == pytest.approx([float(v) for v in losses], rel=2e-2)
     assert [float(v) for v in low] != [float(v) for v in losses]
 

@@ -243,6 +243,20 @@ def test_a_failing_rank_is_named_and_nothing_is_left_behind(tmp_path: Path, monk
     assert list(tmp_path.iterdir()) == []  # no run directory, no staging directory
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the rank must fail for want of a CUDA device")
+def test_the_error_that_reaches_the_caller_is_the_one_in_the_ranks_error_file(tmp_path: Path) -> None:
+    """A rank failing with a WorkloadError reports it in its error file and writes nothing to stderr,
+    so this message (its type is the file's ``type`` field) cannot come from the stderr fallback, which
+    would give the last line of stderr, or ``no output``."""
+    with pytest.raises(WorkloadError) as failed:
+        run_local(replace(TINY, pp=1, layers=1, device="cuda", backend="gloo"), tmp_path / "r")
+    assert str(failed.value) == (
+        "workload rank 0 failed (exit 2): WorkloadError: --device cuda was given but torch sees no CUDA device; "
+        "use --device cpu"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_runs_the_workload_and_keeps_an_existing_run(runs: dict[str, Path]) -> None:
     out = runs["pp2"]
     assert str(out) in CLI_OUTPUT["pp2"]

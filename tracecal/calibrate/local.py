@@ -87,7 +87,7 @@ def _line(dx: np.ndarray, y: np.ndarray, weight: np.ndarray) -> tuple[np.ndarray
     return mean_y - slope * mean_x, slope
 
 
-def _weighted_median(values: np.ndarray) -> np.ndarray:
+def weighted_median(values: np.ndarray) -> np.ndarray:
     """Per row, the median of ``values`` weighted by ``exp(-value)`` (the MAPE-optimal point)."""
     order = np.argsort(values, axis=1, kind="stable")
     ranked = np.take_along_axis(values, order, axis=1)
@@ -116,7 +116,7 @@ def _local_fit(
         wide = positions if k >= wide_k else _neighbours(keys, queries, wide_k, exclude)
         wide_dx = keys[wide] - queries[:, None]
         _, slope = _line(wide_dx, values[wide], np.ones_like(wide_dx))
-        return _weighted_median(y - slope[:, None] * dx if degree else y)
+        return weighted_median(y - slope[:, None] * dx if degree else y)
     reach = np.max(np.abs(dx), axis=1, keepdims=True) * 1.0001 + 1e-12
     weight = KERNELS[kernel](np.abs(dx) / reach)
     if degree == 0:

@@ -89,7 +89,7 @@ def _np_sweep(intervals: pl.DataFrame, points: pl.DataFrame | None, lane: Sequen
     tie = np.zeros(len(src), dtype=np.int64)
     if ids.dtype.is_integer() and not ids.null_count():
         tie[:n_iv] = ids.cast(pl.Int64).to_numpy()
-    perm = _sweep_order(keys, t, order, neg_dur, tie)
+    perm = sweep_order(keys, t, order, neg_dur, tie)
     # every interval opens and closes in its lane, so a lane's deltas sum to 0 and one running sum
     # over the sorted rows is the per-lane depth
     depth = np.cumsum(delta[perm])
@@ -128,7 +128,7 @@ def _packed(lanes: Sequence[np.ndarray], t: np.ndarray, order: np.ndarray) -> np
     return (code * span + (t - t0)) * 4 + order
 
 
-def _sweep_order(
+def sweep_order(
     lanes: Sequence[np.ndarray], t: np.ndarray, order: np.ndarray, neg_dur: np.ndarray, tie: np.ndarray
 ) -> np.ndarray:
     """``np.lexsort((tie, neg_dur, order, t, *reversed(lanes)))``, the same permutation from fewer sorts.

@@ -224,7 +224,7 @@ def _collective_call(
     return lambda: None
 
 
-def _groups(dist: Any, spec: str, world: int, local_world: int) -> tuple[Any, list[int], Topology, int] | None:
+def make_group(dist: Any, spec: str, world: int, local_world: int) -> tuple[Any, list[int], Topology, int] | None:
     """(this rank's group, its members, its topology, groups running at once) for a group spec, or
     None when the spec does not fit the job (e.g. cross-node on one node). Every rank must call it
     with the same spec: creating groups is collective."""
@@ -279,7 +279,7 @@ def run_rank(settings: CommSettings, skip_ids: frozenset[str] = frozenset()) -> 
     rows: list[dict[str, Any]] = []
     seen: set[Topology] = set()
     for spec in settings.groups:
-        made = _groups(dist, spec, world, local_world)
+        made = make_group(dist, spec, world, local_world)
         if made is None or made[2] in seen:  # does not fit the job, or the same as a group already run
             continue
         group, members, topo, concurrent = made
@@ -289,7 +289,7 @@ def run_rank(settings: CommSettings, skip_ids: frozenset[str] = frozenset()) -> 
             if sid in skip_ids:
                 continue
             call = _collective_call(dist, torch, coll, size, dtype, es, device, group, members)
-            durations = _time_aligned(dist, torch, call, settings, device, cuda)
+            durations = time_aligned(dist, torch, call, settings, device, cuda)
             if rank == 0:
                 facts: dict[str, Any] = {"group": spec, "concurrent_groups": concurrent, "world_size": world}
                 if coll == "send":
@@ -301,10 +301,12 @@ def run_rank(settings: CommSettings, skip_ids: frozenset[str] = frozenset()) -> 
     return pa.Table.from_pylist(rows, schema=arrow_schema(SAMPLES))
 
 
-def _time_aligned(
+def time_aligned(
     dist: Any, torch: Any, call: Callable[[], Any], s: CommSettings, device: Any, cuda: bool
 ) -> list[float]:
-    """Per-repeat duration of the slowest rank, ns."""
+    """Time ``call`` ``s.repeats`` times after ``s.warmup`` untimed calls, the ranks lined up by a
+    barrier before each repeat: per repeat, the duration on the slowest rank, ns. ``dist`` and
+    ``torch`` are the modules, passed in so that a test can stand in for the GPU branch."""
     import time
 
     for _ in range(s.warmup):

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import socket
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -25,14 +24,9 @@ import pyarrow as pa
 from tracecal.errors import SampleError
 from tracecal.samplers.comm import COLLECTIVES, CommSettings, load_comm_config, parse_size, run_rank
 from tracecal.schema import SAMPLES, arrow_schema
+from tracecal.workload.launch import free_port
 
 # --- local spawn (CPU, CI) -------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _spawned_rank(rank: int, world: int, port: int, settings: CommSettings, skip: frozenset[str], out: str) -> None:
@@ -68,7 +62,7 @@ def spawn_local(settings: CommSettings, world_size: int, skip_ids: frozenset[str
         try:
             mp.start_processes(
                 _spawned_rank,
-                args=(world_size, _free_port(), settings, skip_ids, out),
+                args=(world_size, free_port(), settings, skip_ids, out),
                 nprocs=world_size,
                 join=True,
                 # fork: the ranks inherit the imported torch instead of importing it again (seconds

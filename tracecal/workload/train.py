@@ -111,7 +111,8 @@ def reduce_gradients(buckets: list[list[torch.nn.Parameter]], state: ParallelSta
                 offset += n
 
 
-def _autocast(cfg: WorkloadConfig, device: torch.device) -> Any:
+def autocast_for(cfg: WorkloadConfig, device: torch.device) -> Any:
+    """The autocast context the forward runs under for ``cfg.dtype`` on ``device``; None for float32."""
     if cfg.dtype == "float32":
         return None
     return torch.autocast(device_type=device.type, dtype=getattr(torch, cfg.dtype))
@@ -148,7 +149,7 @@ def _train(cfg: WorkloadConfig, state: ParallelState, out_dir: Path, threads: in
     params = [p for p in stage.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     buckets = plan_buckets(params, cfg.bucket_bytes)
-    autocast = _autocast(cfg, device)
+    autocast = autocast_for(cfg, device)
     # All data is made before profiling so the traces hold training work only.
     data = [
         [(x.to(device), y.to(device)) for x, y in micro_batches(cfg, state.dp_rank, step)] for step in range(cfg.steps)
