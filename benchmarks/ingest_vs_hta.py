@@ -11,8 +11,7 @@ process (imports excluded from the timing); CPU time and peak RSS come from the 
 (``getrusage``, ``/proc``), so that measuring adds nothing to the measured process (see ``_Usage``):
 - ``tracecal -j1``: ``ingest_runs`` with one worker into a new database (made and opened as
   trace-ingest does: from the cached empty-database template, DuckDB on one thread) — parse + load, then the
-  decode step (operators, collectives, iterations) reported separately; as in ``trace-ingest``, the
-  helpers (``-j2``) are forked before DuckDB and polars are imported;
+  decode step (operators, collectives, iterations) reported separately;
 - ``tracecal -j2``: the same with two worker processes (runs with several files only);
 - ``hta``: ``TraceAnalysis(trace_dir=...)`` on a directory of links to the same files (HTA parses
   several ranks with a process pool of min(cores, ranks));
@@ -102,20 +101,13 @@ class _Usage:
 def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
     import importlib
 
-    # As trace-ingest does: pandas kept out of pyarrow, the parser imported, the helpers forked from
-    # that smaller process, then DuckDB, polars and the loader (untimed imports).
-    from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
-    from tracecal.ingest.pool import ParserPool
-
-    keep_pandas_out_of_pyarrow()
+    # The parser, then DuckDB, polars and the loader imported untimed; worker processes start
+    # inside the ingest, so their start is part of its time.
     for module in ("tracecal.ingest.kineto", "pyarrow.vendored.version"):
         importlib.import_module(module)  # imported before timing, as HTA's are
     usage = _Usage()
     started = time.perf_counter()
-    pool = ParserPool(workers)
-    if run.is_dir():
-        pool.start()
-    fork_wall, fork_cpu = time.perf_counter() - started, usage.cpu_seconds(pool.helper_pids)
+    fork_wall, fork_cpu = 0.0, 0.0
     importing = time.perf_counter(), usage.cpu_seconds()  # this process only: the helpers warm up meanwhile
     for module in ("tracecal.pipeline.decode", "tracecal.sql.connection", "tracecal.pipeline.ingest", "polars"):
         importlib.import_module(module)
@@ -128,7 +120,7 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
     marks: list[tuple[float, int]] = []  # (CPU s, peak RSS so far) when open, and when decoding starts
 
     def mark_then_decode(*args: Any, **kwargs: Any) -> Any:
-        marks.append((usage.cpu_seconds(pool.helper_pids), usage.main_peak()))  # parse + load (every insert) done
+        marks.append((usage.cpu_seconds(_worker_pids()), usage.main_peak()))  # parse + load (every insert) done
         return decode_stored_run(*args, **kwargs)
 
     pipeline_ingest.decode_stored_run = mark_then_decode
@@ -143,12 +135,9 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
     pipeline_ingest._StoredRanks.flush = timed_flush  # type: ignore[method-assign]
     with tempfile.TemporaryDirectory() as tmp:
         database = Path(tmp) / "bench.duckdb"
-        with (
-            pool,
-            open_database(database, cache_dir=resolve_cache_dir(), threads=pipeline_ingest.INGEST_THREADS) as con,
-        ):
-            marks.append((usage.cpu_seconds(pool.helper_pids), usage.main_peak()))
-            report = pipeline_ingest.ingest_runs(con, [run], pipeline_ingest.IngestOptions(workers=workers), pool=pool)
+        with open_database(database, cache_dir=resolve_cache_dir(), threads=pipeline_ingest.INGEST_THREADS) as con:
+            marks.append((usage.cpu_seconds(_worker_pids()), usage.main_peak()))
+            report = pipeline_ingest.ingest_runs(con, [run], pipeline_ingest.IngestOptions(workers=workers))
         wall = time.perf_counter() - started - import_wall
         cpu = usage.cpu_seconds() - import_cpu  # the helpers are reaped now
     (result,) = report.runs
@@ -166,6 +155,11 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
         "main_rss": usage.main_peak(),
         "worker_rss": usage.worker_peak(),
     }
+
+
+def _worker_pids() -> list[int]:
+    """The live worker processes of this process (tracecal's pool and its fork server)."""
+    return [child.pid for child in psutil.Process().children(recursive=True)]
 
 
 def _measure_hta(run: Path, one_process: bool) -> dict[str, Any]:
@@ -309,9 +303,6 @@ def parse_ceiling(files: Sequence[Path], repeat: int = 3) -> float:
     caches and memory bandwidth, or vCPUs that are siblings on the host)."""
     import multiprocessing
 
-    from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
-
-    keep_pandas_out_of_pyarrow()
     context = multiprocessing.get_context("fork")
     ours, theirs = context.Pipe()
     helper = context.Process(target=_parse_on_request, args=(theirs, files), daemon=True)

@@ -5,12 +5,8 @@ from __future__ import annotations
 import gzip
 import importlib.abc
 import json
-import multiprocessing
-import os
-import subprocess
 import sys
 from collections import Counter
-from dataclasses import replace
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
@@ -21,10 +17,8 @@ from typer.testing import CliRunner
 
 from tests.conftest import KINETO
 from tracecal.cli.main import app
-from tracecal.ingest import pool
 from tracecal.ingest.discover import discover_run
-from tracecal.ingest.parse import parse_trace_file
-from tracecal.ingest.trace import ParsedRank
+from tracecal.ingest.executors import InProcess, Parsing
 from tracecal.pipeline import ingest as pipeline_ingest
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sql.connection import open_database
@@ -171,7 +165,6 @@ def test_many_runs_per_database_and_run_id(db_path: Path) -> None:
 
 
 def test_parallel_and_serial_ingest_store_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pool, "PARALLEL_MIN_BYTES", 0)  # use worker processes even for 3 MB
     query = "SELECT * EXCLUDE (run_id) FROM events ORDER BY rank, event_id"
     tables = []
     for workers in (1, 2):
@@ -180,42 +173,6 @@ def test_parallel_and_serial_ingest_store_the_same_rows(tmp_path: Path, monkeypa
             ingest_runs(con, [KINETO / "sampled_2_of_128"], IngestOptions(workers=workers))
             tables.append(con.execute(query).fetchall())
     assert tables[0] == tables[1]
-
-
-_TEST_PID = os.getpid()
-_HELPER_TOOK_A_FILE = multiprocessing.get_context("fork").Event()
-"""Set by a forked helper when it starts a real file (not its warm-up); the helper inherits it."""
-
-
-def _parse_and_note_pid(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
-    if os.getpid() != _TEST_PID:
-        if not path.name.startswith("warm-up-"):
-            _HELPER_TOOK_A_FILE.set()
-    elif not _HELPER_TOOK_A_FILE.wait(timeout=300):  # the caller holds its file until the helper has one
-        raise AssertionError("the helper never took a file")  # a hang guard, not a timing assumption
-    return [replace(r, metadata={**r.metadata, "parsed_by": os.getpid()}) for r in parse_trace_file(path)]
-
-
-def test_started_pool_parses_in_this_process_and_a_forked_helper(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``ParserPool(2).start()`` forks one helper (it inherits this module's patch); the run's files
-    are shared between the helper and this process, and the stored rows equal a one-worker ingest."""
-    _HELPER_TOOK_A_FILE.clear()
-    monkeypatch.setattr(pool, "parse_trace_file", _parse_and_note_pid)
-    run = KINETO / "dlrm_8rank"
-    with pool.ParserPool(2).start() as parsers:
-        files = discover_run(run).files
-        parsed = [r for _, ranks in parsers.parse(files, "raise", []) for r in ranks]
-        assert len(parsed) == 8
-        assert len({r.metadata["parsed_by"] for r in parsed}) == 2
-        assert os.getpid() in {r.metadata["parsed_by"] for r in parsed}
-        with open_database(tmp_path / "forked.duckdb") as con:
-            ingest_runs(con, [run], IngestOptions(workers=2), pool=parsers)
-            forked = con.execute("SELECT * FROM events ORDER BY rank, event_id").fetchall()
-    with open_database(tmp_path / "serial.duckdb") as con:
-        ingest_runs(con, [run], IngestOptions(workers=1))
-        assert con.execute("SELECT * FROM events ORDER BY rank, event_id").fetchall() == forked
 
 
 def test_2021_schema_fields(shared_db: Path) -> None:
@@ -264,40 +221,10 @@ class _NoPandas(importlib.abc.MetaPathFinder):
             raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
-def test_a_started_pool_needs_no_pandas(monkeypatch: pytest.MonkeyPatch) -> None:
-    """tracecal never requires pandas: without it the pool still starts and parses."""
+def test_parsing_needs_no_pandas(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """tracecal never requires pandas: without it a run still parses."""
     monkeypatch.delitem(sys.modules, "pandas", raising=False)
     monkeypatch.setattr(sys, "meta_path", [_NoPandas(), *sys.meta_path])
-    with pool.ParserPool(1).start() as parsers:
-        files = discover_run(KINETO / "sampled_2_of_128").files
-        parsed = [r for _, ranks in parsers.parse(files, "raise", []) for r in ranks]
+    files = discover_run(KINETO / "sampled_2_of_128").files
+    parsed = [r for _, ranks in Parsing(InProcess(), files, tmp_path, "raise", []) for r in ranks]
     assert sorted(r.rank for r in parsed) == [0, 1]
-
-
-_INGEST_THEN_PANDAS = """
-import sys, tempfile
-from pathlib import Path
-from typing import Any
-from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
-keep_pandas_out_of_pyarrow()  # as trace-ingest does first
-from tracecal.ingest.pool import ParserPool
-pool = ParserPool(2).start()  # as trace-ingest: helpers forked before DuckDB and the loader are imported
-from tracecal.sql.connection import open_database, query_arrow
-from tracecal.pipeline.ingest import IngestOptions, ingest_runs
-with tempfile.TemporaryDirectory() as tmp, pool, open_database(Path(tmp) / "t.duckdb") as con:
-    report = ingest_runs(con, [Path(sys.argv[1])], IngestOptions(workers=2), pool=pool)
-    events = query_arrow(con, "SELECT * FROM events LIMIT 3")
-print(report.runs[0].events, "pandas" in sys.modules, len(events.to_pandas()))
-"""
-
-
-def test_ingest_keeps_pandas_out_and_an_explicit_conversion_still_gets_it() -> None:
-    """pyarrow would import pandas (0.15-0.3 s) on its first array: after ``keep_pandas_out_of_pyarrow``
-    a whole ingest and decode (forked helpers too) runs without it, and a later ``to_pandas()``
-    imports it as usual."""
-    pytest.importorskip("pandas")
-    out = subprocess.run(
-        [sys.executable, "-c", _INGEST_THEN_PANDAS, str(KINETO / "dlrm_8rank")],
-        capture_output=True, text=True, check=True, timeout=300,
-    )  # fmt: skip
-    assert out.stdout.split() == ["19789", "False", "3"]

@@ -15,7 +15,6 @@ from typer.testing import CliRunner
 from tests.conftest import INVALID, KINETO
 from tracecal.cli.main import app
 from tracecal.errors import RankConflictError, TraceFormatError
-from tracecal.ingest import pool
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sql.connection import open_database
 
@@ -181,11 +180,8 @@ def test_sqlite_that_is_not_an_nsight_export(db: Path, tmp_path: Path) -> None:
     _fails(db, [str(run)], "rank0.sqlite")
 
 
-def test_worker_processes_report_bad_files_and_duplicate_ranks(
-    db: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The same failures through the worker pool (used for runs above PARALLEL_MIN_BYTES)."""
-    monkeypatch.setattr(pool, "PARALLEL_MIN_BYTES", 0)
+def test_worker_processes_report_bad_files_and_duplicate_ranks(db: Path, tmp_path: Path) -> None:
+    """The same failures through the worker process pool."""
     run = tmp_path / "pooled"
     run.mkdir()
     shutil.copy(RANK0, run / "rank-0.json.gz")

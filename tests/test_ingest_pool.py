@@ -1,166 +1,170 @@
-"""The parser pool's life cycle: giving up a run, one run at a time, a helper that dies, stale spools."""
+"""Parsing in worker processes and in this process: the same rows, files in flight, a worker that dies,
+skip mode, bad input as one line."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import gzip
 import os
-import signal
-import subprocess
-import tempfile
-import threading
-import time
-from dataclasses import replace
+import shutil
+from collections.abc import Callable, Collection
 from pathlib import Path
+from typing import Any
 
+import duckdb
 import pytest
+from typer.testing import CliRunner
 
 from tests.conftest import KINETO
-from tracecal.errors import WorkerError
-from tracecal.ingest import pool
+from tracecal.cli.main import app
+from tracecal.errors import TraceFormatError, WorkerError
+from tracecal.ingest import shards
 from tracecal.ingest.discover import discover_run
-from tracecal.ingest.parse import parse_trace_file
-from tracecal.ingest.trace import ParsedRank
+from tracecal.ingest.executors import InProcess, Parsing, ProcessPool, Skipped
+from tracecal.ingest.trace import EventsFile, ParsedRank
+from tracecal.pipeline.ingest import IngestOptions, ingest_runs
+from tracecal.sql.connection import open_database
 
-FILES = discover_run(KINETO / "dlrm_8rank").files
-TEST_PID = os.getpid()
-
-
-def _is_warm_up(path: Path) -> bool:
-    return Path(path).name.startswith("warm-up")
-
-
-def test_a_run_given_up_before_its_first_file_stops_the_helpers(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """``Parsing.close()`` on an iterator never started still stops the run: the helper finishes the
-    file it holds and claims no other (a generator that never started would not run its finally)."""
-    log = tmp_path / "parsed.log"
-
-    def slow_parse(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
-        if not _is_warm_up(path):
-            with log.open("a") as out:
-                out.write(f"{Path(path).name}\n")
-        time.sleep(0.3)
-        return parse_trace_file(path)
-
-    monkeypatch.setattr(pool, "parse_trace_file", slow_parse)  # inherited by the forked helper
-    parsers = pool.ParserPool(2).start()
-    try:
-        parsing = parsers.parse(FILES, "raise", [])
-        time.sleep(0.5)  # the helper warms up and takes its first file
-        parsing.close()
-        time.sleep(1.0)  # unstopped, the helper would have taken three more files by now
-        taken = log.read_text().splitlines() if log.exists() else []
-    finally:
-        started = time.perf_counter()
-        parsers.close()
-        closing = time.perf_counter() - started
-    assert len(taken) <= 2, taken
-    assert closing < 1.0
+DLRM = KINETO / "dlrm_8rank"
+FILES = discover_run(DLRM).files
+RUN_TABLES = ("runs", "ranks", "events", "operators", "collectives", "iterations")
+VARYING = {"runs": ["ingest_seconds", "ingested_at"]}
+"""Columns that legitimately differ between two ingests of the same run: when, and how long it took."""
 
 
-def test_the_pool_parses_one_run_at_a_time() -> None:
-    with pool.ParserPool(2).start() as parsers:
-        first = parsers.parse(FILES, "raise", [])
-        with pytest.raises(RuntimeError, match="one run at a time"):
-            parsers.parse(FILES, "raise", [])
-        first.close()
-        again = parsers.parse(FILES, "raise", [])
-        assert sorted(f.path.name for f, _ in again) == sorted(f.path.name for f in FILES)
-        again.close()
+def run_rows(db: Path) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every run table (but the ``VARYING`` columns), sorted."""
+    with duckdb.connect(str(db), read_only=True) as con:
+        rows = {}
+        for table in RUN_TABLES:
+            varying = VARYING.get(table)
+            columns = f"* EXCLUDE ({', '.join(varying)})" if varying else "*"
+            rows[table] = con.execute(f"SELECT {columns} FROM {table} ORDER BY ALL").fetchall()
+    return rows
 
 
-def test_a_helper_that_dies_is_one_error_and_the_pool_takes_no_more_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    def fatal_in_helper(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
-        if os.getpid() != TEST_PID and not _is_warm_up(path):
-            os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
-        time.sleep(0.1)  # this process is slow, so the helper surely takes a file
-        return parse_trace_file(path)
+def die_on(file_name: str) -> None:
+    """A worker process's initializer (pickled by reference, so it crosses the process boundary where
+    a monkeypatch would not): from then on the worker's parse of ``file_name`` ends the process at
+    once, as the kernel's OOM killer would."""
+    parse = shards.parse_trace_file
 
-    monkeypatch.setattr(pool, "parse_trace_file", fatal_in_helper)
-    with pool.ParserPool(2).start() as parsers:
-        with pytest.raises(WorkerError, match="parser process died"):
-            list(parsers.parse(FILES, "raise", []))
-        with pytest.raises(WorkerError, match="parser process died"):
-            parsers.parse(FILES, "raise", [])
+    def parse_or_die(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
+        if Path(path).name == file_name:
+            os._exit(1)
+        return parse(path, spill_dir)
 
-
-def test_a_helper_killed_while_holding_the_shared_lock_is_one_error_not_a_hang(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A helper SIGKILLed while it holds the pool's lock (a claim is two lines under it) leaves the lock
-    held for good: the caller, which then stops the run under that lock, must give up once it sees the
-    helper dead instead of waiting forever."""
-    parsers = pool.ParserPool(2)
-
-    def die_holding_the_lock(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
-        if os.getpid() != TEST_PID and not _is_warm_up(path):
-            parsers._lock.acquire()  # the lock exists before the helpers are forked
-            os.kill(os.getpid(), signal.SIGKILL)
-        time.sleep(0.1)  # this process is slow, so the helper surely takes a file
-        return parse_trace_file(path)
-
-    monkeypatch.setattr(pool, "parse_trace_file", die_holding_the_lock)
-    parsers.start()
-    errors: list[BaseException] = []
-
-    def parse_the_run() -> None:
-        try:
-            list(parsers.parse(FILES, "raise", []))
-        except BaseException as exc:  # whatever it is, the test reports it
-            errors.append(exc)
-
-    caller = threading.Thread(target=parse_the_run, daemon=True)
-    caller.start()
-    caller.join(10)
-    if caller.is_alive():  # hung on the lock: close() would hang too, so only the helpers go
-        for helper in parsers._helpers:
-            helper.process.kill()
-        pytest.fail("the caller waited forever for the lock the dead helper held")
-    parsers.close()
-    assert len(errors) == 1 and isinstance(errors[0], WorkerError), errors
-    assert "parser process died" in str(errors[0])
-    with pytest.raises(WorkerError, match="parser process died"):
-        parsers.parse(FILES, "raise", [])
+    shards.parse_trace_file = parse_or_die  # type: ignore[assignment]
 
 
-def test_a_spool_left_by_a_dead_process_is_removed_and_a_live_one_kept() -> None:
-    gone = subprocess.Popen(["true"])
-    gone.wait()
-    shm = Path("/dev/shm")
-    parent = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())
-    stale = parent / f"{pool._SPOOL_PREFIX}{gone.pid}-left-by-a-test"
-    live = parent / f"{pool._SPOOL_PREFIX}{os.getpid()}-kept-by-a-test"
-    for spool in (stale, live):
-        spool.mkdir()
-        (spool / "0-0.arrows").write_bytes(b"rank")
-    try:
-        with pool.ParserPool(2).start():
-            pass
-        assert not stale.exists()
-        assert (live / "0-0.arrows").exists()
-    finally:
-        for spool in (stale, live):
-            for f in spool.glob("*"):
-                f.unlink()
-            if spool.exists():
-                spool.rmdir()
+def test_workers_ship_shards_and_store_what_in_process_parsing_stores(tmp_path: Path) -> None:
+    with ProcessPool(2) as pool:
+        shipped = [r for _, ranks in Parsing(pool, FILES, tmp_path, "raise", []) for r in ranks]
+    assert len(shipped) == 8 and all(isinstance(r.events, EventsFile) for r in shipped)
+    held = [r for _, ranks in Parsing(InProcess(), FILES, tmp_path, "raise", []) for r in ranks]
+    assert not any(isinstance(r.events, EventsFile) for r in held)  # this process keeps its tables
+    shard_parent = tmp_path / "shards"
+    for workers in (1, 2):
+        with open_database(tmp_path / f"j{workers}.duckdb") as con:
+            ingest_runs(con, [DLRM], IngestOptions(workers=workers, shard_dir=shard_parent))
+    assert run_rows(tmp_path / "j1.duckdb") == run_rows(tmp_path / "j2.duckdb")
+    assert list(shard_parent.iterdir()) == []  # each ingest's shard directory is removed
 
 
-def test_ranks_come_through_the_pipe_when_the_spool_cannot_be_written(monkeypatch: pytest.MonkeyPatch) -> None:
-    def no_space(*args: object, **kwargs: object) -> None:
-        raise OSError(28, "No space left on device")
+class _OnDemand:
+    """An executor that runs a call only when waited on, oldest first: files in flight are countable."""
 
-    def slow_here(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
-        if os.getpid() == TEST_PID:
-            time.sleep(0.05)  # so the helper surely takes files
-        return [replace(r, metadata={**r.metadata, "parsed_by": os.getpid()}) for r in parse_trace_file(path)]
+    crosses_processes = False
+    remedy = ""
 
-    monkeypatch.setattr(pool.pa, "OSFile", no_space)  # inherited by the forked helper
-    monkeypatch.setattr(pool, "parse_trace_file", slow_here)
-    with pool.ParserPool(2).start() as parsers:
-        parsed = {f.path: ranks for f, ranks in parsers.parse(FILES, "raise", [])}
-    assert {r.metadata["parsed_by"] for ranks in parsed.values() for r in ranks} - {TEST_PID}  # helper-shipped
-    monkeypatch.undo()
-    for path, ranks in parsed.items():
-        (direct,) = parse_trace_file(path)
-        assert [r.events.equals(direct.events) for r in ranks] == [True], path.name
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.calls: dict[concurrent.futures.Future[Any], tuple[Callable[..., Any], tuple[Any, ...]]] = {}
+        self.most_in_flight = 0
+        self.ran: list[str] = []
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any) -> concurrent.futures.Future[Any]:
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.calls[future] = (fn, args)
+        self.most_in_flight = max(self.most_in_flight, sum(not f.done() for f in self.calls))
+        return future
+
+    def wait_first(self, futures: Collection[Any]) -> Collection[Any]:
+        future = next(f for f in self.calls if f in futures and not f.done())
+        fn, args = self.calls[future]
+        self.ran.append(args[0].name)
+        future.set_result(fn(*args))
+        return [future]
+
+    def worker_died(self, error: BaseException) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def test_at_most_capacity_files_are_in_flight_and_close_cancels_the_rest(tmp_path: Path) -> None:
+    executor = _OnDemand(capacity=3)
+    assert len(list(Parsing(executor, FILES, tmp_path, "raise", []))) == 8
+    assert executor.most_in_flight == 3
+
+    executor = _OnDemand(capacity=3)
+    parsing = Parsing(executor, FILES, tmp_path, "raise", [])
+    next(parsing)
+    parsing.close()
+    assert executor.ran == [FILES[0].path.name]
+    assert len(executor.calls) == 4 and all(f.cancelled() for f in executor.calls if not f.done())
+
+
+def test_a_worker_that_dies_is_one_error_naming_its_file_and_the_database_is_unchanged(tmp_path: Path) -> None:
+    db = tmp_path / "t.duckdb"
+    with open_database(db) as con:
+        ingest_runs(con, [DLRM], IngestOptions(workers=1))
+    before = run_rows(db)
+    fatal = FILES[3].path
+    shard_parent = tmp_path / "shards"
+    with open_database(db) as con, ProcessPool(2, die_on, (fatal.name,)) as pool, pytest.raises(WorkerError) as caught:
+        ingest_runs(con, [DLRM], IngestOptions(workers=2, shard_dir=shard_parent), executor=pool)
+    message = str(caught.value)
+    assert fatal.name in message and "parser process died" in message and "fewer --workers" in message
+    assert "\n" not in message
+    assert run_rows(db) == before
+    assert list(shard_parent.iterdir()) == []
+
+
+def _run_with_a_corrupt_file(tmp_path: Path) -> Path:
+    run = tmp_path / "pooled"
+    run.mkdir()
+    for trace_file in FILES[:3]:
+        shutil.copy(trace_file.path, run / trace_file.path.name)
+    (run / "worker3_corrupt.pt.trace.json.gz").write_bytes(gzip.compress(b'{"traceEvents": [')[:-6])
+    return run
+
+
+def test_skip_mode_through_the_pool_reports_the_file_and_stores_the_rest(tmp_path: Path) -> None:
+    run = _run_with_a_corrupt_file(tmp_path)
+    with open_database(tmp_path / "t.duckdb") as con:
+        with pytest.raises(TraceFormatError, match=r"worker3_corrupt\.pt\.trace\.json\.gz"):
+            ingest_runs(con, [run], IngestOptions(workers=2))
+        report = ingest_runs(con, [run], IngestOptions(workers=2, on_error="skip"))
+    (stored,) = report.runs
+    assert stored.ranks == 3
+    assert [s.path.name for s in stored.skipped] == ["worker3_corrupt.pt.trace.json.gz"]
+    assert all(isinstance(s, Skipped) and "corrupt" in s.reason for s in stored.skipped)
+
+
+def test_bad_input_through_the_pool_is_one_line_and_skip_goes_on(tmp_path: Path) -> None:
+    run = _run_with_a_corrupt_file(tmp_path)
+    db = str(tmp_path / "cli.duckdb")
+    runner = CliRunner()
+    failed = runner.invoke(app, ["ingest", str(run), "-j", "2", "--db", db])
+    assert failed.exit_code == 2, failed.output
+    (line,) = failed.output.strip().splitlines()
+    assert "worker3_corrupt.pt.trace.json.gz" in line and "corrupt" in line
+    skipped = runner.invoke(
+        app, ["ingest", str(run), "-j", "2", "--on-error", "skip", "--db", db], env={"COLUMNS": "200"}
+    )
+    assert skipped.exit_code == 0, skipped.output
+    assert "skipped" in skipped.output and "worker3_corrupt" in skipped.output
+    with duckdb.connect(db, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM ranks").fetchone() == (3,)

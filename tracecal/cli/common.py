@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -30,12 +31,12 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except TracecalError as exc:
-        stderr.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
 def warn(message: str) -> None:
-    stderr.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    stderr.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def show_progress() -> bool:

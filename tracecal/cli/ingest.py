@@ -15,7 +15,7 @@ from tracecal.config import Settings
 from tracecal.errors import TracecalError
 from tracecal.ingest.discover import ParallelLayout
 
-if TYPE_CHECKING:  # imported by ``ingest`` after it forks the parser helpers (see there)
+if TYPE_CHECKING:  # imported when the command runs: ``--help`` stays quick
     from tracecal.pipeline.decode import DecodeSummary
     from tracecal.pipeline.ingest import IngestReport, Progress
 
@@ -24,7 +24,10 @@ def ingest(
     runs: Annotated[list[Path], typer.Argument(help="Run directories (one trace per rank), or single trace files.")],
     run_id: Annotated[str | None, typer.Option("--run-id", help="Run id (default: the directory name).")] = None,
     workers: Annotated[
-        int, typer.Option("--workers", "-j", min=1, help="Parser processes (default: CPU cores).")
+        int,
+        typer.Option(
+            "--workers", "-j", min=1, help="Parser processes, or with --dask local Dask workers (default: CPU cores)."
+        ),
     ] = os.cpu_count() or 1,
     on_error: Annotated[
         str, typer.Option("--on-error", help="raise: stop at the first bad file; skip: leave it out and report it.")
@@ -39,53 +42,72 @@ def ingest(
         str | None,
         typer.Option("--iteration-marker", help="Regex of the iteration marker (default ProfilerStep#N)."),
     ] = None,
+    dask: Annotated[
+        str | None,
+        typer.Option(
+            "--dask",
+            help="Parse on Dask: 'local' (a LocalCluster of --workers workers) or a scheduler address "
+            "(tcp://host:8786), whose workers must see the trace files and --shard-dir at the same paths.",
+        ),
+    ] = None,
+    shard_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--shard-dir",
+            help="Where parsed ranks wait as Parquet shards until loaded (a temporary directory made "
+            "there, removed after). Default: beside the database. With a remote --dask, a shared filesystem.",
+        ),
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Find the rank traces of each run, parse them in parallel and store them (one transaction per
     run; re-ingesting a run replaces it). Prints a summary: ranks, events, seconds, MB/s."""
-    from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
-
-    keep_pandas_out_of_pyarrow()  # this process is the command's own; before any pyarrow array is made
-    from tracecal.ingest.pool import ParserPool  # the parser first: see the fork below
-
     with user_errors():
         if on_error not in ("raise", "skip"):
             raise TracecalError(f"--on-error must be raise or skip, not {on_error!r}")
         if iteration_marker is not None:
             _check_regex(iteration_marker)
+        if dask is not None:
+            _check_dask_installed()
         flags = ParallelLayout(pp=pp, tp=tp, dp=dp, nodes=nodes, gpus_per_node=gpus_per_node)
         settings = Settings.resolve(db)
-        pool = ParserPool(workers)
-        if len(runs) > 1 or any(r.is_dir() for r in runs):
-            # Fork the helper parsers first: no DuckDB connection (or its threads) exists yet, and
-            # DuckDB, polars and the loader are not even imported (a smaller process to fork).
-            pool.start()
-        with pool:
-            from tracecal.pipeline.ingest import INGEST_THREADS, IngestOptions, ingest_runs
-            from tracecal.sql.connection import open_database
+        from tracecal.pipeline.ingest import INGEST_THREADS, IngestOptions, ingest_runs
+        from tracecal.sql.connection import open_database
 
-            options = IngestOptions(
-                run_id=run_id,
-                workers=workers,
-                on_error="skip" if on_error == "skip" else "raise",
-                cluster=cluster,
-                iteration_marker=iteration_marker,
-                layout=flags,
-            )
-            with (
-                progress_bar() as bar,
-                open_database(settings.db_path, cache_dir=settings.cache_dir, threads=INGEST_THREADS) as con,
-            ):
-                tasks: dict[str, object] = {}
+        options = IngestOptions(
+            run_id=run_id,
+            workers=workers,
+            on_error="skip" if on_error == "skip" else "raise",
+            cluster=cluster,
+            iteration_marker=iteration_marker,
+            layout=flags,
+            dask=dask,
+            shard_dir=shard_dir or settings.db_path.absolute().parent,
+        )
+        with (
+            progress_bar() as bar,
+            open_database(settings.db_path, cache_dir=settings.cache_dir, threads=INGEST_THREADS) as con,
+        ):
+            tasks: dict[str, object] = {}
 
-                def on_progress(update: Progress) -> None:
-                    task = tasks.get(update.run_id)
-                    if task is None:
-                        task = tasks[update.run_id] = bar.add_task(update.run_id, total=update.files_total)
-                    bar.update(task, completed=update.files_done)  # type: ignore[arg-type]
+            def on_progress(update: Progress) -> None:
+                task = tasks.get(update.run_id)
+                if task is None:
+                    task = tasks[update.run_id] = bar.add_task(update.run_id, total=update.files_total)
+                bar.update(task, completed=update.files_done)  # type: ignore[arg-type]
 
-                report = ingest_runs(con, runs, options, progress=on_progress, pool=pool)
+            report = ingest_runs(con, runs, options, progress=on_progress)
         _print_report(report, settings.db_path)
+
+
+def _check_dask_installed() -> None:
+    """Before anything is opened: without Dask, ``--dask`` is one line saying how to get it."""
+    from tracecal.ingest.dask_cluster import INSTALL_HINT
+
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise TracecalError(INSTALL_HINT) from None
 
 
 def _check_regex(pattern: str) -> None:

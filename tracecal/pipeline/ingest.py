@@ -1,14 +1,13 @@
-"""Ingesting runs: discover, parse in worker processes, insert, decode, one transaction per run.
+"""Ingesting runs: discover, parse in workers, insert, decode, one transaction per run.
 
 ``ingest_runs(con, run_dirs, options) -> IngestReport`` is the library side of ``trace-ingest``.
-Files are parsed by this process and helper processes (``tracecal.ingest.pool``: each parser claims
-the run's next file, at most one in flight per parser; small runs in this process only), and each
-rank is inserted (batched, see ``INSERT_BATCH_ROWS``) as it arrives and then dropped, so neither a
-helper nor the loader ever holds a whole run. The helpers start on a run's files before its
-transaction is opened; near the end of a run the loader inserts what it holds before taking another
-file, so that little is left to insert after the last one. Each run is one DuckDB transaction: its
-old rows are deleted from every run table, the new ones inserted and decoded, and any failure rolls
-back so the database is unchanged. The statements are ``tracecal.sql.loaders``'s; decoding is
+Files are parsed by an executor (``tracecal.ingest.executors``: this process, a process pool, or a
+Dask cluster; at most ``capacity`` files in flight), and each rank is inserted as it arrives and then
+dropped, so neither a worker nor the loader ever holds a whole run. Ranks from another process come
+as Parquet shards in a shard directory made for the ingest and removed after it. The first files
+parse while the run's transaction opens. Each run is one DuckDB transaction: its old rows are
+deleted from every run table, the new ones inserted and decoded, and any failure rolls back so the
+database is unchanged. The statements are ``tracecal.sql.loaders``'s; decoding is
 ``tracecal.pipeline.decode``'s.
 """
 
@@ -16,9 +15,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Generator, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -27,7 +27,6 @@ from typing import Any
 import duckdb
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tracecal import __version__
 from tracecal.decode.iterations import DEFAULT_MARKER
@@ -41,8 +40,9 @@ from tracecal.ingest.discover import (
     missing_ranks,
     world_size_of,
 )
-from tracecal.ingest.pool import OnError, ParserPool, Parsing, Skipped
+from tracecal.ingest.executors import FileExecutor, InProcess, OnError, Parsing, ProcessPool, Skipped
 from tracecal.ingest.reconstruct import RebuiltRun, rebuild_run
+from tracecal.ingest.shards import count_kernels
 from tracecal.ingest.trace import EventsFile, ParsedRank
 from tracecal.pipeline.decode import DecodeHandoff, DecodeSummary, decode_stored_run
 from tracecal.schema import RANKS, RUNS, arrow_schema
@@ -62,14 +62,19 @@ class IngestOptions:
 
     Attributes:
         run_id: id of the run; only with a single run directory (default: the directory name).
-        workers: parsers: the calling process and ``workers - 1`` helper processes; 1 parses in the
-            calling process only, as do runs under ``tracecal.ingest.pool.PARALLEL_MIN_BYTES`` of
-            trace unless the caller passes a started pool to ``ingest_runs``.
+        workers: worker processes that parse (at most this many files in flight); 1 parses in the
+            calling process, as does any run of a single file unless ``dask`` is set. With
+            ``dask="local"``, the number of Dask workers.
         on_error: ``raise`` stops at the first bad file (the run is rolled back); ``skip`` leaves
             the file (or a run whose every file failed) out and reports it.
         cluster: cluster the run was taken on, stored in ``runs.cluster``.
         iteration_marker: regex of the iteration marker for decoding (default ``ProfilerStep#N``).
         layout: PP/TP/DP/nodes/GPUs-per-node given as flags; fields left None are detected.
+        dask: parse on Dask: ``local`` (a ``LocalCluster`` of ``workers`` workers) or a scheduler
+            address; None parses locally.
+        shard_dir: where the ingest's temporary directory of Parquet shards is made (default: the
+            system's temporary directory); with a remote ``dask`` scheduler it must be a filesystem
+            the workers share with this process.
     """
 
     run_id: str | None = None
@@ -78,6 +83,8 @@ class IngestOptions:
     cluster: str | None = None
     iteration_marker: str | None = None
     layout: ParallelLayout | None = None
+    dask: str | None = None
+    shard_dir: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -140,21 +147,20 @@ def ingest_runs(
     run_dirs: Sequence[Path],
     options: IngestOptions | None = None,
     progress: ProgressCallback | None = None,
-    pool: ParserPool | None = None,
+    executor: FileExecutor | None = None,
 ) -> IngestReport:
     """Ingest each run directory into the database, one transaction per run.
 
     All runs are discovered before anything is written, so a bad path fails before any change.
-    ``pool``: parsers the caller started before opening ``con`` (``ParserPool(n).start()``, cheap
-    forked helpers; ``options.workers`` is then ignored); by default a pool of ``options.workers`` is
-    made here, whose helpers come from a fork server (see ``tracecal.ingest.pool``).
+    ``executor``: where files are parsed (e.g. a ``DaskExecutor`` over the caller's own client; the
+    caller closes it); by default one is made from ``options.workers`` and ``options.dask``.
 
     Raises:
         InputNotFoundError: a path does not exist, is empty, or holds no trace files
             (under ``on_error="skip"`` such a run is reported as skipped instead).
         TraceFormatError: a file is not a readable trace (``raise`` mode).
         RankConflictError: two files claim the same rank, or a file's rank cannot be determined.
-        WorkerError: a parser process died.
+        WorkerError: a parser process (or Dask worker) died.
     """
     options = options or IngestOptions()
     started = time.perf_counter()
@@ -178,15 +184,60 @@ def ingest_runs(
             )
         discovered.append((run_id, run))
     reports = []
-    with ParserPool(options.workers) if pool is None else nullcontext(pool) as parsers:
+    with _Executors(options, executor) as executors:
         for run_id, run in discovered:
             try:
-                reports.append(_ingest_run(con, run_id, run, options, parsers, progress))
+                reports.append(_ingest_run(con, run_id, run, options, executors, progress))
             except _NothingLeft as exc:
                 if options.on_error == "raise":
                     raise
                 skipped.append(Skipped(run.run_dir, str(exc)))
     return IngestReport(tuple(reports), tuple(skipped), time.perf_counter() - started)
+
+
+class _Executors:
+    """The executors of one ingest and its shard directory, made when first needed, closed at the end."""
+
+    def __init__(self, options: IngestOptions, given: FileExecutor | None) -> None:
+        self.options, self.given = options, given
+        self.made: FileExecutor | None = None
+        self.shard_dir: Path | None = None
+
+    def __enter__(self) -> _Executors:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.made is not None:
+                self.made.close()
+        finally:
+            if self.shard_dir is not None:
+                shutil.rmtree(self.shard_dir, ignore_errors=True)
+
+    def shards(self) -> Path:
+        """This ingest's shard directory (removed at the end with whatever a failed run left there)."""
+        if self.shard_dir is None:
+            parent = self.options.shard_dir
+            if parent is not None:
+                parent.mkdir(parents=True, exist_ok=True)
+            self.shard_dir = Path(tempfile.mkdtemp(prefix="tracecal-shards-", dir=parent))
+        return self.shard_dir
+
+    def for_files(self, files: int) -> FileExecutor:
+        """Dask or the caller's executor when given; else this process for one worker or one file
+        (nothing to share), and the process pool (started on first use) otherwise."""
+        if self.given is not None:
+            return self.given
+        if self.options.dask is None and (self.options.workers <= 1 or files <= 1):
+            return InProcess()
+        if self.made is None:
+            if self.options.dask is not None:
+                from tracecal.ingest.dask_cluster import dask_executor
+
+                self.made = dask_executor(self.options.dask, self.options.workers)
+            else:
+                self.made = ProcessPool(self.options.workers)
+        return self.made
 
 
 class _NothingLeft(TracecalError):
@@ -198,7 +249,7 @@ def _ingest_run(
     run_id: str,
     run: DiscoveredRun,
     options: IngestOptions,
-    pool: ParserPool,
+    executors: _Executors,
     progress: ProgressCallback | None,
 ) -> RunReport:
     started = time.perf_counter()
@@ -214,11 +265,11 @@ def _ingest_run(
     if rebuilt is not None:
         run = replace(run, layout=rebuilt.layout.merged(run.layout), files=_rebuilt_files(rebuilt))
     stored = _StoredRanks(con, run_id, len(run.files))
-    # Helper processes start on the files now, while this process opens the transaction.
-    parsing = (
-        Parsing(_rebuilt_ranks(run, rebuilt))
+    # The first files parse now, while this process opens the transaction.
+    parsing: Parsing | Iterator[tuple[TraceFile, list[ParsedRank]]] = (
+        _rebuilt_ranks(run, rebuilt)
         if rebuilt is not None
-        else pool.parse(run.files, options.on_error, skipped, idle=stored.flush)
+        else Parsing(executors.for_files(len(run.files)), run.files, executors.shards(), options.on_error, skipped)
     )
     began = False
     try:
@@ -228,7 +279,6 @@ def _ingest_run(
         delete_run(con, run_id)
 
         # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
-        # While this process waits for helper processes, it inserts the ranks it holds.
         # DuckDB on one thread from the first large insert to the end of decode (its inserts too).
         try:
             for done, (trace_file, parsed) in enumerate(parsing, start=1):
@@ -270,7 +320,8 @@ def _ingest_run(
             con.execute("ROLLBACK")
         raise
     finally:
-        parsing.close()  # after an error (even before the first file): the helpers take no more of this run's files
+        if isinstance(parsing, Parsing):
+            parsing.close()  # after an error: the files not yet started are cancelled
     return RunReport(
         run_id=run_id,
         source_path=run.run_dir,
@@ -395,10 +446,8 @@ def _rebuilt_files(rebuilt: RebuiltRun) -> tuple[TraceFile, ...]:
     return tuple(TraceFile(path=r.file, format=r.format, path_rank=r.rank, size_bytes=0) for r in rebuilt.ranks)
 
 
-def _rebuilt_ranks(
-    run: DiscoveredRun, rebuilt: RebuiltRun
-) -> Generator[tuple[TraceFile, list[ParsedRank]], None, None]:
-    yield from zip(run.files, ([r] for r in rebuilt.ranks), strict=True)
+def _rebuilt_ranks(run: DiscoveredRun, rebuilt: RebuiltRun) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
+    return zip(run.files, ([r] for r in rebuilt.ranks), strict=True)
 
 
 def _with_ids(events: pa.Table, run_id: str, rank: int) -> pa.Table:
@@ -433,7 +482,7 @@ def _rank_row(rank: int, parsed: ParsedRank) -> dict[str, Any]:
     if isinstance(parsed.events, EventsFile):
         rows, kernels = parsed.events.rows, parsed.events.kernels
     else:
-        rows, kernels = parsed.events.num_rows, _kernels(parsed.events)
+        rows, kernels = parsed.events.num_rows, count_kernels(parsed.events)
     return {
         "rank": rank,
         "file": str(parsed.file),
@@ -446,22 +495,6 @@ def _rank_row(rank: int, parsed: ParsedRank) -> dict[str, Any]:
         "events": rows,
         "kernels": kernels,
     }
-
-
-def _kernels(events: pa.Table) -> int:
-    kinds = events["kind"]
-    if pa.types.is_dictionary(kinds.type):  # count the code, not the decoded strings
-        kernels = sum(_dictionary_count(chunk, "kernel") for chunk in kinds.chunks)
-    else:
-        kernels = pc.sum(pc.equal(kinds, "kernel")).as_py() or 0
-    return int(kernels)
-
-
-def _dictionary_count(chunk: pa.DictionaryArray, value: str) -> int:
-    codes = [i for i, v in enumerate(chunk.dictionary.to_pylist()) if v == value]
-    if not codes:
-        return 0
-    return int(pc.sum(pc.is_in(chunk.indices, pa.array(codes, chunk.indices.type))).as_py() or 0)
 
 
 def _iteration_marker(options: IngestOptions) -> str:
