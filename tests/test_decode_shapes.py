@@ -184,32 +184,39 @@ def test_optimizer_counts_tensors_and_width_from_the_tensor_list() -> None:
 
 
 FAMILY_TRIPLES = [
-    ("aten::mm", "volta_sgemm_128x32_nt", "kernel"),
-    (None, "volta_sgemm_128x32_nt", "kernel"),
-    ("aten::mm", "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "kernel"),
-    ("record_param_comms", "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "kernel"),
-    ("aten::copy_", "Memcpy HtoD (Pageable -> Device)", "memcpy"),
-    ("aten::_softmax", "softmax_warp_forward", "kernel"),
-    ("aten::_scaled_dot_product_flash_attention", "flash_fwd_kernel", "kernel"),
-    ("my::op", "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "kernel"),
-    ("my::op", "Cijk_Ailk_Bljk_SB_MT64x64x16", "kernel"),
-    (None, "my_custom_kernel", "kernel"),
-    ("", "", "kernel"),
-    ("aten::add_", None, "cpu_op"),
-    (None, None, None),
-]
+    ("aten::mm", "volta_sgemm_128x32_nt", "kernel", "gemm"),
+    (None, "volta_sgemm_128x32_nt", "kernel", "gemm"),
+    ("aten::mm", "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", "kernel", "comm"),
+    ("record_param_comms", "ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", "kernel", "comm"),
+    ("aten::copy_", "Memcpy HtoD (Pageable -> Device)", "memcpy", "memcpy"),
+    ("aten::_softmax", "softmax_warp_forward", "kernel", "softmax"),
+    ("aten::_scaled_dot_product_flash_attention", "flash_fwd_kernel", "kernel", "attention"),
+    ("my::op", "void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>>", "kernel",
+     "elementwise"),
+    ("my::op", "Cijk_Ailk_Bljk_SB_MT64x64x16", "kernel", "gemm"),
+    (None, "my_custom_kernel", "kernel", "other"),
+    ("", "", "kernel", "other"),
+    ("aten::add_", None, "cpu_op", "elementwise"),
+    (None, None, None, "other"),
+]  # fmt: skip
+"""(CPU operator, kernel, kind, family): the CPU operator decides unless the kernel is NCCL's or the
+activity a copy; an unknown CPU operator leaves it to the kernel."""
 
 
 @pytest.mark.parametrize("polars_from", [0, 10**9])
-def test_with_family_matches_family_of_on_both_kernel_paths(polars_from: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_every_family_entry_point_gives_the_rule_on_both_kernel_paths(
+    polars_from: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Kernel names are matched in polars from POLARS_KERNEL_CHARS characters of new names on, else by Python's
-    regexes: both give ``family_of``'s answer. Names seen before are remembered for the process, so each
-    run marks its kernel names with a tag no pattern matches, to make them new."""
+    regexes: ``with_family``, ``family_expr`` and ``family_of`` all give the rule's answer. Names seen before
+    are remembered for the process, so each run marks its kernel names with a tag no pattern matches, to make
+    them new."""
     monkeypatch.setattr(shapes, "POLARS_KERNEL_CHARS", polars_from)
     tag = f" #{polars_from}"
-    triples = [(cpu, f"{kernel}{tag}" if kernel else kernel, kind) for cpu, kernel, kind in FAMILY_TRIPLES]
+    triples = [(cpu, f"{kernel}{tag}" if kernel else kernel, kind) for cpu, kernel, kind, _ in FAMILY_TRIPLES]
+    expected = [family for *_, family in FAMILY_TRIPLES]
     schema = {"cpu_op_name": pl.Utf8, "name": pl.Utf8, "kind": pl.Utf8}
     frame = pl.DataFrame(triples, schema=schema, orient="row")
-    got = shapes.with_family(frame)["family"].to_list()
-    assert got == [family_of(*t) for t in FAMILY_TRIPLES] == [family_of(*t) for t in triples]
-    assert got[2] == "comm" and got[7] == "elementwise" and got[8] == "gemm" and got[9] == "other"
+    assert shapes.with_family(frame)["family"].to_list() == expected
+    assert frame.select(family_expr())["family"].to_list() == expected
+    assert [family_of(*t) for t in triples] == expected

@@ -7,7 +7,8 @@ same thing on both sides. Pure functions, no I/O.
 Public, stable API:
 
 - ``family_of(cpu_op_name, kernel_name=None, kind=None) -> str`` for one operator;
-- ``family_expr(cpu_op_name, kernel_name, kind) -> pl.Expr`` the same rule over a frame;
+- ``family_expr(cpu_op_name, kernel_name, kind) -> pl.Expr`` and ``with_family(frame)`` the same rule
+  over a frame (one implementation: ``_families``);
 - ``shape_row(name, input_dims, input_types, concrete_inputs=None) -> dict`` the SHAPE_COLUMNS of
   one operator (``input_dims``/``input_types`` as JSON text or already-decoded lists);
 - ``shape_features(frame, name=..., input_dims=..., input_types=..., concrete_inputs=...)`` adds (or
@@ -130,35 +131,24 @@ def family_of(cpu_op_name: str | None, kernel_name: str | None = None, kind: str
     Returns:
         One of ``FAMILIES``; ``other`` when nothing matches (never a guess).
     """
-    if kind in ("memcpy", "memset"):
-        return kind
-    if kernel_name is not None and _COMPILED[0][2].search(kernel_name):
-        return "comm"  # an NCCL kernel is communication whatever op launched it
-    if cpu_op_name:
-        for fam, cpu, _ in _COMPILED:
-            if cpu.search(cpu_op_name):
-                return fam
-    if kernel_name:
-        for fam, _, ker in _COMPILED:
-            if ker.search(kernel_name):
-                return fam
-    return "other"
+    return _families([(cpu_op_name, kernel_name, kind)])[0]
 
 
 def family_expr(
     cpu_op_name: pl.Expr | str = "cpu_op_name", kernel_name: pl.Expr | str = "name", kind: pl.Expr | str = "kind"
 ) -> pl.Expr:
-    """``family_of`` as a polars expression over columns (names or expressions); returns a Utf8 expr."""
+    """``family_of`` as a polars expression over columns (names or expressions); returns a Utf8 expr
+    named ``family``, computed once per distinct triple like ``with_family``."""
     cpu = pl.col(cpu_op_name) if isinstance(cpu_op_name, str) else cpu_op_name
     ker = pl.col(kernel_name) if isinstance(kernel_name, str) else kernel_name
     knd = pl.col(kind) if isinstance(kind, str) else kind
-    expr: Any = pl.when(knd.is_in(["memcpy", "memset"])).then(knd)  # Then, then ChainedThen
-    expr = expr.when(ker.fill_null("").str.contains(_RULES[0][2])).then(pl.lit("comm"))
-    for fam, cpu_re, _ in _RULES:
-        expr = expr.when(cpu.fill_null("").str.contains(cpu_re)).then(pl.lit(fam))
-    for fam, _, ker_re in _RULES:
-        expr = expr.when(ker.fill_null("").str.contains(ker_re)).then(pl.lit(fam))
-    return expr.otherwise(pl.lit("other")).alias("family")
+    triples = pl.struct(cpu.alias("cpu_op_name"), ker.alias("name"), knd.alias("kind"))
+    return triples.map_batches(_family_series, return_dtype=pl.Utf8).alias("family")
+
+
+def _family_series(triples: pl.Series) -> pl.Series:
+    """``with_family``'s answer for a struct series of (cpu_op_name, name, kind)."""
+    return with_family(triples.struct.unnest()).get_column("family")
 
 
 def with_family(
@@ -167,20 +157,13 @@ def with_family(
     """``frame`` plus ``family`` (``family_of`` of the three columns), keeping the row order.
 
     The rule runs a few dozen regexes; operators repeat a few dozen to a few hundred (op, kernel,
-    kind) triples, so it runs once per distinct triple (``family_of``, cached) and is joined back.
-    Python's regexes are compiled when this module is imported; ``family_expr`` makes polars compile
-    its 21 on first use in every process, which costs more than matching a trace's triples in Python.
+    kind) triples, so it runs once per distinct triple (``_families``) and is joined back.
     """
     keys = [cpu_op_name, kernel_name, kind]
     table = frame.select(keys).unique()
     families = _families(list(table.iter_rows()))
     table = table.with_columns(pl.Series("family", families, dtype=pl.Utf8))
     return frame.join(table, on=keys, how="left", nulls_equal=True, maintain_order="left")
-
-
-@lru_cache(maxsize=65536)
-def _family_cached(cpu_op_name: str | None, kernel_name: str | None, kind: str | None) -> str:
-    return family_of(cpu_op_name, kernel_name, kind)
 
 
 @lru_cache(maxsize=65536)
@@ -202,6 +185,8 @@ in Python."""
 def _kernel_families(kernel_names: Sequence[str]) -> None:
     """Fill ``_KERNEL_FAMILIES`` for the names not in it yet."""
     new = [k for k in dict.fromkeys(kernel_names) if k not in _KERNEL_FAMILIES]
+    if not new:
+        return
     if sum(map(len, new)) >= POLARS_KERNEL_CHARS:
         rules = [("comm", _RULES[0][2]), *[(fam, ker) for fam, _, ker in _RULES]]
         hits = pl.DataFrame({"k": new}).select(
@@ -231,8 +216,11 @@ def kernel_families(kernel_names: Sequence[str | None]) -> list[str | None]:
 
 
 def _families(triples: list[tuple[str | None, str | None, str | None]]) -> list[str]:
-    """``family_of`` of each (cpu_op_name, kernel_name, kind): CPU names by Python's regexes (short,
-    cached), kernel names by ``_kernel_families``; the same rule order as ``family_of``."""
+    """The family rule, the one implementation behind ``family_of``, ``family_expr`` and ``with_family``,
+    for each (cpu_op_name, kernel_name, kind): memcpy and memset activities are their own families; an
+    NCCL/RCCL kernel is communication whatever op launched it; then the first CPU-op pattern that
+    matches (Python's regexes: short names, cached), then the first kernel pattern
+    (``_kernel_families``), else ``other``."""
     _kernel_families([k for _, k, _ in triples if k])
     out = []
     for cpu, kernel, kind in triples:
@@ -449,7 +437,7 @@ def shape_row(
     dtype = next((t for _, t in ts if t), None)
     nbytes = DTYPE_BYTES.get(dtype) if dtype else None
     out["dtype"] = dtype
-    fam = _family_cached(name, None, None)  # signatures repeat names
+    fam = family_of(name)
     if fam == "gemm":
         g = _gemm(name, ts)
         if g:
