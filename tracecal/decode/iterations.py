@@ -22,7 +22,8 @@ from tracecal.decode.nesting import ENGINE, NameIndex, names_like
 from tracecal.errors import TraceFormatError
 
 DEFAULT_MARKER = r"^ProfilerStep#(\d+)$"
-_MARKER_KINDS = ("user_annotation", "cpu_op", "python_function", "nvtx")
+MARKER_KINDS = ("user_annotation", "cpu_op", "python_function", "nvtx")
+"""Event kinds whose ranges can be iteration markers."""
 _CPU_KINDS = ("cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver", "nvtx")
 _WINDOW_SCHEMA = {
     "rank": pl.Int32,
@@ -104,7 +105,7 @@ def iteration_windows(events: pl.DataFrame, marker: str | None = None, names: Na
     # one lazy plan (each eager frame operation has a fixed cost): the marker candidates, and the
     # ranks and the first rank of the batch, to tell whether some rank has no marker at all
     lazy = events.lazy().select("rank", "event_id", "kind", "name", "ts_ns", "end_ns")
-    cands_lazy = lazy.filter(pl.col("kind").is_in(_MARKER_KINDS) & like)
+    cands_lazy = lazy.filter(pl.col("kind").is_in(MARKER_KINDS) & like)
     ranks_lazy = lazy.select(pl.col("rank").unique())
     cands, all_ranks = pl.collect_all([cands_lazy, ranks_lazy], engine=ENGINE)
     cands = _outermost(cands)

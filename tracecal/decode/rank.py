@@ -4,11 +4,14 @@ This is the per-rank half of decoding; the cross-rank half (matching, clock alig
 iteration) is ``tracecal.decode.align``. Several small ranks can be decoded in one call (a batch):
 every step keys on ``rank`` (and the batch-wide ``uid``), so nothing crosses ranks, and the fixed
 cost of each frame operation is paid once per batch instead of once per rank.
+
+A large rank is decoded a window of iterations at a time instead (``tracecal.decode.windows``): the
+window then brings what it must know of the rest of its rank (``RankWindow``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import polars as pl
@@ -28,6 +31,7 @@ from tracecal.decode.link import (
 )
 from tracecal.decode.nesting import ENGINE, NameIndex
 from tracecal.decode.shapes import family_shape_table
+from tracecal.decode.windows import RankWindow
 from tracecal.ingest.discover import ParallelLayout
 from tracecal.schema import OPERATORS
 
@@ -50,6 +54,8 @@ class RankDecode:
         iterations: ``schema.ITERATIONS`` columns except run_id and aligned_* .
         gpu_ranks: ranks with GPU activity (the others are CPU-only).
         unmarked_ranks: ranks without iteration markers (their capture is one iteration).
+        context_not_operators: a window of a CPU-only rank: event ids of its context rows that are no
+            operator of it (a CPU operator among them encloses one here, so it is no leaf).
     """
 
     operators: pl.DataFrame
@@ -57,6 +63,7 @@ class RankDecode:
     iterations: pl.DataFrame
     gpu_ranks: frozenset[int]
     unmarked_ranks: frozenset[int]
+    context_not_operators: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     @property
     def gpu(self) -> bool:
@@ -69,13 +76,17 @@ class RankDecode:
         return not self.unmarked_ranks
 
 
-def decode_ranks(events: pl.DataFrame, *, layout: ParallelLayout, marker: str | None = None) -> RankDecode:
+def decode_ranks(
+    events: pl.DataFrame, *, layout: ParallelLayout, marker: str | None = None, window: RankWindow | None = None
+) -> RankDecode:
     """Decode the events of one or more ranks (a ``rank`` column tells them apart).
 
     Args:
         events: rows of ``events`` with at least the ``DECODE_COLUMNS`` (run_id and the others ignored).
         layout: the run's parallel layout (for collective roles).
         marker: iteration-marker regex; None means ``ProfilerStep#N``.
+        window: ``events`` are one decode window of a single rank (its events and context rows,
+            sorted by event id); None: whole ranks.
 
     Raises:
         TraceFormatError: ``marker`` is not a valid regex.
@@ -90,8 +101,11 @@ def decode_ranks(events: pl.DataFrame, *, layout: ParallelLayout, marker: str | 
     all_ranks = np.unique(rank)
     kind = ev.get_column("kind")
     kind = kind.fill_null("") if kind.null_count() else kind
-    on_gpu_kind = np.logical_or.reduce([(kind == k).to_numpy() for k in GPU_KINDS])  # ``is_in`` plans a query
-    gpu_ranks = frozenset(np.unique(rank[on_gpu_kind]).tolist())
+    if window is None:
+        on_gpu_kind = np.logical_or.reduce([(kind == k).to_numpy() for k in GPU_KINDS])  # ``is_in`` plans a query
+        gpu_ranks = frozenset(np.unique(rank[on_gpu_kind]).tolist())
+    else:  # decided on the whole rank: a window without GPU activity stays a GPU rank
+        gpu_ranks = frozenset(all_ranks.tolist()) if window.gpu else frozenset()
     on_gpu = pl.col("rank").is_in(list(gpu_ranks))
     # each regex once per distinct name; the collectives' context patterns only when the batch has
     # instances, the metadata-op pattern only when it has CPU-only ranks (compiling and running a
@@ -100,7 +114,7 @@ def decode_ranks(events: pl.DataFrame, *, layout: ParallelLayout, marker: str | 
     if len(gpu_ranks) == len(all_ranks):
         first.remove(link.METADATA_OPS)
     names = NameIndex(ev, first, later=collectives.CONTEXT_PATTERNS)
-    windows = iteration_windows(ev, marker, names)
+    windows = iteration_windows(ev, marker, names) if window is None else window.iterations
     parts = []
     mixed = 0 < len(gpu_ranks) < len(all_ranks)  # else no copy of the events by rank
     if gpu_ranks:
@@ -108,6 +122,12 @@ def decode_ranks(events: pl.DataFrame, *, layout: ParallelLayout, marker: str | 
     if len(gpu_ranks) < len(all_ranks):
         parts.append(cpu_leaf_operators(ev.filter(~on_gpu) if mixed else ev, names))
     ops = parts[0] if len(parts) == 1 else pl.concat(parts, how="vertical_relaxed")
+    context_not_operators = np.zeros(0, dtype=np.int64)
+    if window is not None and not window.gpu and (len(window.context_ids) or len(window.not_leaves)):
+        # a context row is output by the window it starts in, which must learn whether it is a leaf
+        ids = ops.get_column("event_id").to_numpy()
+        context_not_operators = np.setdiff1d(window.context_ids, ids)
+        ops = ops.filter(~pl.Series(np.isin(ids, np.concatenate([window.context_ids, window.not_leaves]))))
     ops = outermost_scope(ev, ops, names=names)
     when = coalesce(ops.get_column("launch_ns"), ops.get_column("ts_ns"))
     ops = with_series(ops, window_of(ops.get_column("rank"), when, windows))
@@ -136,6 +156,7 @@ def decode_ranks(events: pl.DataFrame, *, layout: ParallelLayout, marker: str | 
         iterations=its,
         gpu_ranks=gpu_ranks,
         unmarked_ranks=frozenset(windows.get_column("rank").filter(windows.get_column("marker").is_null()).to_list()),
+        context_not_operators=context_not_operators,
     )
 
 

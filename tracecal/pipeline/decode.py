@@ -10,8 +10,9 @@ up to ``BATCH_EVENTS`` events is decoded without reading it back from DuckDB (fo
 read-back, the per-rank counts and the check for earlier derived rows cost as much as decoding it);
 larger runs, and re-decodes, read the events back in batches.
 
-Memory: one batch of ranks' events at a time; the cross-rank steps work on the small collectives and
-iterations frames only.
+Memory: one batch of ranks' events at a time, and a rank of more than ``WINDOW_EVENTS`` events one
+decode window of iterations at a time (docs/decode.md#windows: the rows are those of decoding the
+whole rank); the cross-rank steps work on the small collectives and iterations frames only.
 """
 
 from __future__ import annotations
@@ -28,19 +29,27 @@ import pyarrow as pa
 
 from tracecal.decode.align import apply_offsets, best_iteration, clock_offsets, match_collectives
 from tracecal.decode.frames import with_series
-from tracecal.decode.iterations import DEFAULT_MARKER
-from tracecal.decode.rank import DECODE_COLUMNS, decode_ranks
+from tracecal.decode.iterations import DEFAULT_MARKER, MARKER_KINDS, iteration_windows
+from tracecal.decode.link import GPU_KINDS, RUNTIME_KINDS
+from tracecal.decode.rank import DECODE_COLUMNS, RankDecode, decode_ranks
 from tracecal.decode.topology import group_topology
+from tracecal.decode.windows import RankWindow, number_in_group, window_firsts
 from tracecal.errors import TraceFormatError
 from tracecal.ingest.discover import ParallelLayout
 from tracecal.schema import COLLECTIVES, EVENTS, ITERATIONS, OPERATORS, arrow_schema
 from tracecal.sql.loaders import (
+    crossing_intervals,
     delete_derived_rows,
     event_counts,
+    event_names,
+    events_per_start,
     has_derived_rows,
     insert_frame,
+    launch_lags,
     mark_run,
+    named_events,
     read_events,
+    read_window_events,
     set_clock_offsets,
 )
 
@@ -85,6 +94,12 @@ BATCH_EVENTS = 500_000
 cost of each frame operation, and a batch (or one large rank) bounds the memory held at once."""
 
 
+WINDOW_EVENTS = 2_000_000
+"""A rank of more events than this is decoded a window of consecutive iterations at a time, each of
+at most this many events (docs/decode.md#windows), so that decoding it needs memory for a window,
+not for the rank."""
+
+
 def _batches(sizes: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]:
     """Consecutive rank ranges ``(first, last)`` whose event counts add up to at most ``budget``
     (a rank larger than the budget is a batch of its own)."""
@@ -102,6 +117,150 @@ def _batches(sizes: list[tuple[int, int]], budget: int) -> list[tuple[int, int]]
     if total:
         out.append((first, last))
     return out
+
+
+def _units(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``_batches`` of the ranks of at most ``WINDOW_EVENTS`` events, in rank order, and each larger
+    rank as a batch of its own (decoded in windows)."""
+    out: list[tuple[int, int]] = []
+    small: list[tuple[int, int]] = []
+    for rank, n in sizes:
+        if n > WINDOW_EVENTS:
+            out += _batches(small, BATCH_EVENTS)
+            out.append((rank, rank))
+            small = []
+        else:
+            small.append((rank, n))
+    return out + _batches(small, BATCH_EVENTS)
+
+
+class _OperatorTotals:
+    """Writes decoded operators and keeps the figures ``DecodeSummary`` reports of them."""
+
+    def __init__(self) -> None:
+        self.operators = self.unlinked = self.kernel_ns = self.linked_ns = 0
+
+    def add(self, con: duckdb.DuckDBPyConnection, run_id: str, ops: pl.DataFrame) -> None:
+        insert_frame(con, OPERATORS, ops, run_id)
+        self.operators += ops.height
+        # series operations: no query plan each
+        cpu_op, dur = ops.get_column("cpu_op_event_id"), ops.get_column("dur_ns")
+        kernel = ops.get_column("kind") == "kernel"
+        self.unlinked += cpu_op.null_count()
+        self.kernel_ns += int(dur.filter(kernel).sum() or 0)
+        self.linked_ns += int(dur.filter(kernel & cpu_op.is_not_null()).sum() or 0)
+
+    @property
+    def linked_kernel_share(self) -> float | None:
+        return self.linked_ns / self.kernel_ns if self.kernel_ns else None
+
+
+@dataclass(frozen=True)
+class _WindowedRank:
+    """A rank decoded in windows: its collectives (numbered as the whole rank's) and iterations."""
+
+    collectives: pl.DataFrame
+    iterations: pl.DataFrame
+    markers_found: bool = True
+
+
+def _iterations_of(con: duckdb.DuckDBPyConnection, run_id: str, rank: int, marker: str | None) -> pl.DataFrame | None:
+    """The rank's iteration windows, from its marker candidates only; None when it has no marker
+    (its capture is one iteration, which cannot be split) or a marker without a time."""
+    names = pl.Series("name", event_names(con, run_id, rank, MARKER_KINDS), dtype=pl.Utf8)
+    matching = names.filter(names.str.contains(marker or DEFAULT_MARKER)).to_list()
+    if not matching:
+        return None
+    read = pl.from_arrow(named_events(con, run_id, rank, MARKER_KINDS, matching))
+    assert isinstance(read, pl.DataFrame)
+    if read.get_column("ts_ns").null_count() or read.get_column("end_ns").null_count():
+        return None
+    return iteration_windows(read, marker)
+
+
+def _decode_in_windows(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    rank: int,
+    *,
+    layout: ParallelLayout,
+    marker: str | None,
+    totals: _OperatorTotals,
+) -> _WindowedRank | None:
+    """Decode one rank a window of iterations at a time (docs/decode.md#windows), writing its
+    operators; None when the rank is a single window (the caller decodes it whole).
+
+    Windows are decoded last first: a CPU operator that starts in one window and encloses one of a
+    later window is then known to be no leaf when its own window is decoded.
+    """
+    its = _iterations_of(con, run_id, rank, marker)
+    if its is None:
+        return None
+    starts = its.get_column("cpu_start_ns").to_list()
+    firsts = window_firsts(starts, events_per_start(con, run_id, rank, starts), WINDOW_EVENTS)
+    if len(firsts) < 2:
+        return None
+    bounds = [starts[f] for f in firsts[1:]]  # the CPU start of each window after the first
+    gpu_events, min_lag, max_lag = launch_lags(con, run_id, rank, GPU_KINDS, RUNTIME_KINDS)
+    context = pl.from_arrow(crossing_intervals(con, run_id, rank, DECODE_COLUMNS, GPU_KINDS, bounds))
+    assert isinstance(context, pl.DataFrame)
+    first_window, last_window = context.get_column("first_window"), context.get_column("last_window")
+    context = context.drop("first_window", "last_window")
+    positions = np.arange(its.height)
+    ends = [*firsts[1:], its.height]
+    collectives: list[pl.DataFrame] = []
+    iterations: list[pl.DataFrame] = []
+    not_leaves = np.zeros(0, dtype=np.int64)
+    for w in reversed(range(len(firsts))):
+        lo = bounds[w - 1] if w else None
+        hi = bounds[w] if w < len(bounds) else None
+        read = pl.from_arrow(
+            read_window_events(
+                con, run_id, rank, DECODE_COLUMNS, (GPU_KINDS, RUNTIME_KINDS), _read_bounds(lo, hi, min_lag, max_lag)
+            )
+        )
+        assert isinstance(read, pl.DataFrame)
+        extra = context.filter(((first_window <= w) & (last_window >= w)).to_numpy())
+        events = (
+            pl.concat([read, extra], how="vertical_relaxed").sort("event_id") if extra.height else read.sort("event_id")
+        )
+        window = RankWindow(
+            iterations=its.filter(pl.Series((positions >= firsts[w]) & (positions < ends[w]))),
+            gpu=gpu_events > 0,
+            context_ids=extra.get_column("event_id").to_numpy(),
+            not_leaves=not_leaves,
+        )
+        del read, extra
+        decoded = decode_ranks(events, layout=layout, marker=marker, window=window)
+        del events
+        totals.add(con, run_id, decoded.operators)
+        collectives.append(decoded.collectives)
+        iterations.append(decoded.iterations)
+        not_leaves = np.union1d(not_leaves, decoded.context_not_operators)
+        del decoded
+    collectives.reverse()
+    iterations.reverse()
+    return _WindowedRank(
+        collectives=number_in_group(collectives, gpu=gpu_events > 0),
+        iterations=pl.concat(iterations, how="vertical_relaxed"),
+    )
+
+
+def _read_bounds(lo: int | None, hi: int | None, min_lag: int | None, max_lag: int | None) -> dict[str, int | None]:
+    """The ranges ``read_window_events`` reads for the window [lo, hi) (None: open): GPU rows by their
+    own start, within the launch lags of the window (an activity without a launch lies in it by its
+    own start, so the range holds [lo, hi) too), and their runtime calls, within the lags of those."""
+    least, most = min_lag or 0, max_lag or 0
+    gpu_lo = None if lo is None else lo + min(least, 0)
+    gpu_hi = None if hi is None else hi + max(most, 0)
+    return {
+        "lo": lo,
+        "hi": hi,
+        "gpu_lo": gpu_lo,
+        "gpu_hi": gpu_hi,
+        "runtime_lo": None if gpu_lo is None else gpu_lo - most,
+        "runtime_hi": None if gpu_hi is None else gpu_hi - least,
+    }
 
 
 def _layout(con: duckdb.DuckDBPyConnection, run_id: str, marker: str, fresh: bool) -> tuple[ParallelLayout, bool]:
@@ -226,38 +385,34 @@ def decode_stored_run(
     else:
         sizes = event_counts(con, run_id)
         ranks = [r for r, _ in sizes]
-        batches = _batches(sizes, BATCH_EVENTS)
+        batches = _units(sizes)
+        windowed = {rank for rank, n in sizes if n > WINDOW_EVENTS}
     collectives: list[pl.DataFrame] = []
     iterations: list[pl.DataFrame] = []
-    n_ops = unlinked = 0
-    kernel_ns = linked_ns = 0
+    totals = _OperatorTotals()
     markers = True
     for first, last in batches:
-        if given is not None:  # the whole run, as the loader stored it (one batch)
-            events, given = given, None
-        else:
-            # only the columns decode reads; sorted here, not by DuckDB (its ORDER BY costs more than
-            # the rest of the read)
-            read = pl.from_arrow(read_events(con, run_id, DECODE_COLUMNS, first, last))
-            assert isinstance(read, pl.DataFrame)
-            events = read
-        if not (events["rank"].cast(pl.Int64) * (1 << 40) + events["event_id"]).is_sorted():
-            events = events.sort("rank", "event_id")
-        decoded = decode_ranks(events, layout=layout, marker=iteration_marker)
-        del events
-        ops = decoded.operators
-        insert_frame(con, OPERATORS, ops, run_id)
-        n_ops += ops.height
-        # series operations: no query plan each
-        cpu_op, dur = ops.get_column("cpu_op_event_id"), ops.get_column("dur_ns")
-        kernel = ops.get_column("kind") == "kernel"
-        unlinked += cpu_op.null_count()
-        kernel_ns += int(dur.filter(kernel).sum() or 0)
-        linked_ns += int(dur.filter(kernel & cpu_op.is_not_null()).sum() or 0)
+        decoded: RankDecode | _WindowedRank | None = None
+        if given is None and first == last and first in windowed:
+            decoded = _decode_in_windows(con, run_id, first, layout=layout, marker=iteration_marker, totals=totals)
+        if decoded is None:  # a batch of ranks, or a rank that is one window (no markers)
+            if given is not None:  # the whole run, as the loader stored it (one batch)
+                events, given = given, None
+            else:
+                # only the columns decode reads; sorted here, not by DuckDB (its ORDER BY costs more
+                # than the rest of the read)
+                read = pl.from_arrow(read_events(con, run_id, DECODE_COLUMNS, first, last))
+                assert isinstance(read, pl.DataFrame)
+                events = read
+            if not (events["rank"].cast(pl.Int64) * (1 << 40) + events["event_id"]).is_sorted():
+                events = events.sort("rank", "event_id")
+            decoded = decode_ranks(events, layout=layout, marker=iteration_marker)
+            del events
+            totals.add(con, run_id, decoded.operators)
         collectives.append(decoded.collectives)
         iterations.append(decoded.iterations)
         markers = markers and decoded.markers_found
-        del ops, decoded
+        del decoded
         if on_rank is not None:
             for rank in ranks:
                 if first <= rank <= last:
@@ -289,9 +444,9 @@ def decode_stored_run(
     return DecodeSummary(
         run_id=run_id,
         ranks=len(ranks),
-        operators=n_ops,
-        unlinked_operators=unlinked,
-        linked_kernel_share=linked_ns / kernel_ns if kernel_ns else None,
+        operators=totals.operators,
+        unlinked_operators=totals.unlinked,
+        linked_kernel_share=totals.linked_kernel_share,
         collectives=colls.height,
         matched_instances=int(colls["match_id"].n_unique() - (1 if colls["match_id"].null_count() else 0))
         if colls.height

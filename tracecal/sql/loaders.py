@@ -8,6 +8,7 @@ pipeline (``tracecal.pipeline``) passes Arrow tables, polars frames and plain va
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -212,3 +213,101 @@ class OneThreadForLargeInserts:
         if self.restore_to is not None and self.restore_to != 1:
             self.con.execute(f"SET threads = {self.restore_to}")
         self.restore_to = None
+
+
+_QUERIES = Path(__file__).parent / "queries"
+
+
+@cache
+def _query(name: str) -> str:
+    """The text of ``queries/<name>.sql`` (read once per process)."""
+    return (_QUERIES / f"{name}.sql").read_text()
+
+
+def _arrow(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any]) -> pa.Table:
+    """The rows of ``queries/<name>.sql`` run with named ``params``, as an Arrow table."""
+    relation = con.sql(_query(name), params=params)
+    to_arrow = getattr(relation, "to_arrow_table", None) or relation.arrow  # DuckDB 2.x / 1.x
+    return to_arrow()
+
+
+def event_names(con: duckdb.DuckDBPyConnection, run_id: str, rank: int, kinds: Sequence[str]) -> list[str]:
+    """The distinct names of one rank's events of ``kinds`` (``queries/decode_window_marker_names.sql``)."""
+    rows = con.execute(_query("decode_window_marker_names"), {"run_id": run_id, "rank": rank, "kinds": list(kinds)})
+    return [name for (name,) in rows.fetchall()]
+
+
+def named_events(
+    con: duckdb.DuckDBPyConnection, run_id: str, rank: int, kinds: Sequence[str], names: Sequence[str]
+) -> pa.Table:
+    """One rank's events of ``kinds`` named one of ``names``, with ``end_ns``
+    (``queries/decode_window_markers.sql``)."""
+    params = {"run_id": run_id, "rank": rank, "kinds": list(kinds), "names": list(names)}
+    return _arrow(con, "decode_window_markers", params)
+
+
+def events_per_start(con: duckdb.DuckDBPyConnection, run_id: str, rank: int, starts: Sequence[int]) -> list[int]:
+    """Per start of ``starts`` (ascending), how many of the rank's events start at or after it and
+    before the next one (``queries/decode_window_sizes.sql``; events before the first count for it)."""
+    counts = [0] * len(starts)
+    params = {"run_id": run_id, "rank": rank, "starts": list(starts)}
+    for position, n in con.execute(_query("decode_window_sizes"), params).fetchall():
+        counts[position] = n
+    return counts
+
+
+def launch_lags(
+    con: duckdb.DuckDBPyConnection, run_id: str, rank: int, gpu_kinds: Sequence[str], runtime_kinds: Sequence[str]
+) -> tuple[int, int | None, int | None]:
+    """``(gpu_events, min_lag_ns, max_lag_ns)`` of one rank: its GPU activities and how far they
+    start after their runtime call (``queries/decode_window_launch_lags.sql``)."""
+    params = {"run_id": run_id, "rank": rank, "gpu_kinds": list(gpu_kinds), "runtime_kinds": list(runtime_kinds)}
+    gpu_events, min_lag, max_lag = con.execute(_query("decode_window_launch_lags"), params).fetchall()[0]
+    return int(gpu_events), min_lag, max_lag
+
+
+def crossing_intervals(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    rank: int,
+    columns: Sequence[str],
+    gpu_kinds: Sequence[str],
+    bounds: Sequence[int],
+) -> pa.Table:
+    """One rank's CPU-side intervals that cross a window start of ``bounds``: the ``columns`` plus
+    ``first_window`` and ``last_window`` (``queries/decode_window_context.sql``)."""
+    params = {
+        "run_id": run_id,
+        "rank": rank,
+        "columns": list(columns),
+        "gpu_kinds": list(gpu_kinds),
+        "bounds": list(bounds),
+    }
+    return _arrow(con, "decode_window_context", params)
+
+
+def read_window_events(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    rank: int,
+    columns: Sequence[str],
+    kinds: tuple[Sequence[str], Sequence[str]],
+    bounds: dict[str, int | None],
+) -> pa.Table:
+    """The ``columns`` of one decode window's events of a rank, unsorted
+    (``queries/decode_window_events.sql``).
+
+    Args:
+        kinds: the GPU activity kinds and the runtime-call kinds.
+        bounds: ``lo``, ``hi``, ``gpu_lo``, ``gpu_hi``, ``runtime_lo``, ``runtime_hi`` (None: open).
+    """
+    gpu_kinds, runtime_kinds = kinds
+    params = {
+        "run_id": run_id,
+        "rank": rank,
+        "columns": list(columns),
+        "gpu_kinds": list(gpu_kinds),
+        "runtime_kinds": list(runtime_kinds),
+        **bounds,
+    }
+    return _arrow(con, "decode_window_events", params)
