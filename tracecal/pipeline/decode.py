@@ -94,7 +94,7 @@ BATCH_EVENTS = 500_000
 cost of each frame operation, and a batch (or one large rank) bounds the memory held at once."""
 
 
-WINDOW_EVENTS = 2_000_000
+WINDOW_EVENTS = 1_000_000
 """A rank of more events than this is decoded a window of consecutive iterations at a time, each of
 at most this many events (docs/decode.md#windows), so that decoding it needs memory for a window,
 not for the rank."""

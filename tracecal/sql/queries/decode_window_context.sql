@@ -3,7 +3,8 @@
 -- launches) encloses work of the windows it reaches into, so decode adds it to them as context.
 -- Window w (1-based here) starts at $bounds[w]; window 0 starts before everything. An interval
 -- [ts_ns, ts_ns + dur_ns) is context for window w when ts_ns < $bounds[w] < ts_ns + dur_ns.
--- Run once per rank: two as-of joins of the rank's CPU intervals to the few window starts.
+-- Run once per rank: two as-of joins of the rank's CPU intervals (their times only) to the few window
+-- starts, then the columns of the few that cross one.
 -- Parameters: $run_id, $rank, $columns (the events columns to return), $gpu_kinds, $bounds
 -- (the starts of windows 1.., ascending).
 --   $columns       as in events
@@ -13,16 +14,18 @@ WITH bounds AS (
     SELECT unnest($bounds::BIGINT[]) AS start_ns, generate_subscripts($bounds::BIGINT[], 1) AS window
 ),
 intervals AS (
-    SELECT *, ts_ns + dur_ns AS _end_ns
+    SELECT event_id AS _event_id, ts_ns AS _ts_ns, ts_ns + dur_ns AS _end_ns
     FROM events
     WHERE run_id = $run_id AND rank = $rank AND dur_ns > 0 AND NOT coalesce(list_contains($gpu_kinds, kind), false)
 ),
-placed AS (
-    SELECT i.*, coalesce(a.window, 0) + 1 AS first_window, coalesce(b.window, 0) AS last_window
+crossing AS (
+    SELECT i._event_id, coalesce(a.window, 0) + 1 AS first_window, coalesce(b.window, 0) AS last_window
     FROM intervals AS i
-    ASOF LEFT JOIN bounds AS a ON i.ts_ns >= a.start_ns
+    ASOF LEFT JOIN bounds AS a ON i._ts_ns >= a.start_ns
     ASOF LEFT JOIN bounds AS b ON i._end_ns > b.start_ns
+    WHERE coalesce(b.window, 0) >= coalesce(a.window, 0) + 1
 )
-SELECT COLUMNS($columns), first_window, last_window
-FROM placed
-WHERE last_window >= first_window
+SELECT COLUMNS($columns), c.first_window, c.last_window
+FROM events AS e
+JOIN crossing AS c ON e.event_id = c._event_id
+WHERE e.run_id = $run_id AND e.rank = $rank

@@ -11,18 +11,22 @@
 -- $lo, $hi, $gpu_lo, $gpu_hi, $runtime_lo, $runtime_hi (NULL bounds are open).
 --   $columns  as in events, unsorted
 WITH runtime AS (
-    SELECT correlation, arg_min_null(ts_ns, event_id) AS launch_ns
+    SELECT correlation AS _correlation, arg_min_null(ts_ns, event_id) AS _launch_ns
     FROM events
     WHERE run_id = $run_id AND rank = $rank AND list_contains($runtime_kinds, kind) AND correlation IS NOT NULL
       AND ($runtime_lo IS NULL OR ts_ns >= $runtime_lo) AND ($runtime_hi IS NULL OR ts_ns < $runtime_hi)
     GROUP BY correlation
 ),
 gpu AS (
-    SELECT g.*, coalesce(r.launch_ns, g.ts_ns) AS _launch_ns
-    FROM events AS g
-    LEFT JOIN runtime AS r ON g.correlation = r.correlation
-    WHERE g.run_id = $run_id AND g.rank = $rank AND list_contains($gpu_kinds, g.kind)
-      AND (g.ts_ns IS NULL OR (($gpu_lo IS NULL OR g.ts_ns >= $gpu_lo) AND ($gpu_hi IS NULL OR g.ts_ns < $gpu_hi)))
+    SELECT COLUMNS($columns)
+    FROM events
+    WHERE run_id = $run_id AND rank = $rank AND list_contains($gpu_kinds, kind)
+      AND (ts_ns IS NULL OR (($gpu_lo IS NULL OR ts_ns >= $gpu_lo) AND ($gpu_hi IS NULL OR ts_ns < $gpu_hi)))
+),
+launched AS (
+    SELECT g.*, coalesce(r._launch_ns, g.ts_ns) AS _launch_ns
+    FROM gpu AS g
+    LEFT JOIN runtime AS r ON g.correlation = r._correlation
 )
 SELECT COLUMNS($columns)
 FROM events
@@ -30,7 +34,7 @@ WHERE run_id = $run_id AND rank = $rank AND NOT coalesce(list_contains($gpu_kind
   AND CASE WHEN ts_ns IS NULL THEN $lo IS NULL ELSE ($lo IS NULL OR ts_ns >= $lo) AND ($hi IS NULL OR ts_ns < $hi) END
 UNION ALL
 SELECT COLUMNS($columns)
-FROM gpu
+FROM launched
 WHERE CASE
     WHEN _launch_ns IS NULL THEN $lo IS NULL
     ELSE ($lo IS NULL OR _launch_ns >= $lo) AND ($hi IS NULL OR _launch_ns < $hi)
