@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -12,11 +13,13 @@ from typer.testing import CliRunner
 
 from tracecal.cli.main import app
 from tracecal.decode.rank import DECODE_COLUMNS
+from tracecal.ingest.discover import ParallelLayout
 from tracecal.pipeline import decode as pipeline_decode
-from tracecal.pipeline import ingest as pipeline_ingest
+from tracecal.pipeline import rank_decode
 from tracecal.pipeline.decode import decode_stored_run
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sql.connection import open_database, query_arrow
+from tracecal.sql.loaders import SHARD_RUN_ID
 
 DLRM = KINETO / "dlrm_8rank"
 SINGLES = {
@@ -128,9 +131,12 @@ def _derived_rows(con: duckdb.DuckDBPyConnection) -> dict[str, list[tuple]]:
     return tables
 
 
-def test_handoff_and_read_back_decode_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Inside ingest the loader hands its events to decode (nothing read back); a re-decode reads them
-    from the database, and a run over the hand-off budget is read back in batches of ranks: the same rows."""
+def test_worker_decode_re_decode_and_a_contradicted_layout_give_the_same_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside ingest each rank is decoded where it was parsed, from its shard (one read per rank); a
+    re-decode reads the stored run in one batch; a rank a worker decoded with a layout the whole run
+    contradicts is decoded again by the loader: the same rows every time."""
     reads: list[list] = []
     read = pipeline_decode.read_events
     monkeypatch.setattr(
@@ -142,36 +148,48 @@ def test_handoff_and_read_back_decode_the_same_rows(tmp_path: Path, monkeypatch:
     )
     with open_database(tmp_path / "a.duckdb") as con:
         ingest_runs(con, [DLRM], IngestOptions(workers=1))
-        assert reads == []  # decoded from the hand-off
-        handed = _derived_rows(con)
-        assert len(handed["operators"]) == 2244 and len(handed["collectives"]) == 64
+        assert reads == [[SHARD_RUN_ID, r, r] for r in range(8)]  # in-process executor: files in order
+        ingested = _derived_rows(con)
+        assert len(ingested["operators"]) == 2244 and len(ingested["collectives"]) == 64
+        reads.clear()
         decode_stored_run(con, "dlrm_8rank")
-        assert reads == [["dlrm_8rank", 0, 7]] and _derived_rows(con) == handed
+        assert reads == [["dlrm_8rank", 0, 7]] and _derived_rows(con) == ingested
     reads.clear()
-    monkeypatch.setattr(pipeline_decode, "BATCH_EVENTS", 5_000)  # dlrm ranks have ~2 500 events: kept no longer
+    wrong = ParallelLayout(pp=1, tp=8, dp=1, world_size=8)
+    monkeypatch.setattr(rank_decode, "assumed_layout", lambda plan, parsed: wrong)
     with open_database(tmp_path / "b.duckdb") as con:
         ingest_runs(con, [DLRM], IngestOptions(workers=1))
-        assert len(reads) > 1 and reads[0][1] == 0 and reads[-1][2] == 7  # ranks read back in batches
-        assert _derived_rows(con) == handed
+        assert reads[-1] == ["dlrm_8rank", 0, 7]  # every rank decoded again from the stored run
+        assert _derived_rows(con) == ingested
 
 
 @pytest.mark.parametrize("run", [DLRM, NSYS / "mfu_2gpu_after.sqlite.gz"], ids=["dlrm_8rank", "mfu_2gpu_after"])
-def test_handoff_events_equal_the_read_back(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The hand-off's frame (dictionary-encoded strings of several ranks, columns without values)
-    has the rows, values and types of the events read back from the database."""
-    handed: list[pl.DataFrame] = []
-    monkeypatch.setattr(
-        pipeline_ingest, "decode_stored_run", lambda con, run_id, handoff, **_: handed.append(handoff.events())
-    )
+def test_a_workers_shard_reads_as_the_stored_events(run: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``events`` a worker decodes from (a view of its rank's Parquet shard) have the rows, values
+    and types of the same rank's events read back from the database."""
+    seen: dict[int, pl.DataFrame] = {}
+    decode = rank_decode.decode_rank_parts
+
+    def capture(con: duckdb.DuckDBPyConnection, run_id: str, sizes: list[tuple[int, int]], **kwargs: Any) -> Any:
+        frame = pl.from_arrow(query_arrow(con, f"SELECT {', '.join(DECODE_COLUMNS)} FROM events ORDER BY event_id", []))
+        assert isinstance(frame, pl.DataFrame)
+        seen[sizes[0][0]] = frame
+        return decode(con, run_id, sizes, **kwargs)
+
+    monkeypatch.setattr(rank_decode, "decode_rank_parts", capture)
     with open_database(tmp_path / "h.duckdb") as con:
         ingest_runs(con, [run], IngestOptions(workers=1))
-        read = pl.from_arrow(
+        stored = pl.from_arrow(
             query_arrow(con, f"SELECT {', '.join(DECODE_COLUMNS)} FROM events ORDER BY rank, event_id", [])
         )
-    assert isinstance(read, pl.DataFrame) and read.height > 10_000
-    assert handed[0].schema == read.schema
-    assert handed[0].equals(read)
-    assert read.get_column("name").n_unique() > 100 and read.get_column("concrete_inputs").null_count() == read.height
+    assert isinstance(stored, pl.DataFrame) and stored.height > 10_000
+    shards = pl.concat([seen[r] for r in sorted(seen)])
+    assert shards.schema == stored.schema
+    assert shards.equals(stored)
+    assert (
+        stored.get_column("name").n_unique() > 100
+        and stored.get_column("concrete_inputs").null_count() == stored.height
+    )
 
 
 def test_iterations_command(dlrm_db: Path) -> None:

@@ -92,7 +92,7 @@ class _OnDemand:
     def wait_first(self, futures: Collection[Any]) -> Collection[Any]:
         future = next(f for f in self.calls if f in futures and not f.done())
         fn, args = self.calls[future]
-        self.ran.append(args[0].name)
+        self.ran.append(args[0].path.name)
         future.set_result(fn(*args))
         return [future]
 

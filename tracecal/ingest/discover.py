@@ -14,9 +14,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tracecal.errors import InputNotFoundError, TraceFormatError
+from tracecal.errors import InputNotFoundError, RankConflictError, TraceFormatError
+
+if TYPE_CHECKING:
+    from tracecal.ingest.trace import ParsedRank
 
 KINETO_SUFFIXES = (".json", ".json.gz")
 """Kineto traces: ``*.json``, ``*.json.gz`` (including ``*.pt.trace.json[.gz]``)."""
@@ -329,3 +332,22 @@ def missing_ranks(ranks: list[int], world_size: int) -> list[int]:
     """Ranks below ``world_size`` with no trace (a warning, not an error: runs often keep a subset)."""
     present = set(ranks)
     return [r for r in range(world_size) if r not in present]
+
+
+def resolve_rank(trace_file: TraceFile, parsed: ParsedRank, ranks_in_file: int, files: int) -> tuple[int, str]:
+    """The global rank of one parsed rank of ``trace_file`` and where it came from: distributedInfo (or
+    the Nsight reader's answer) > the path > rank 0 for a lone single-rank trace of a one-file run.
+
+    Raises:
+        RankConflictError: none of them tells.
+    """
+    if parsed.rank is not None:
+        return parsed.rank, parsed.rank_source or "trace"
+    if trace_file.path_rank is not None and ranks_in_file == 1:
+        return trace_file.path_rank, "path"
+    if files == 1 and ranks_in_file == 1:  # a single-process capture (no torch.distributed)
+        return 0, "single_file"
+    raise RankConflictError(
+        f"{trace_file.path}: cannot tell which rank this is (no distributedInfo.rank in the trace and no "
+        "rank-N, rankN, workerN or numeric rank directory in its path); rename it, e.g. rank-0.json.gz"
+    )

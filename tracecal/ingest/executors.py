@@ -1,7 +1,8 @@
 """Where trace files are parsed: this process, a pool of worker processes, or a Dask cluster.
 
-Every executor runs the same task, ``tracecal.ingest.shards.parse_for_loader``, and offers the same
-four things (``FileExecutor``): submit a call, wait for the first of some futures, tell whether an
+Every executor runs the same task on each file (``FileTask``: by default
+``tracecal.ingest.shards.parse_for_loader``; the ingest's task also decodes the ranks it parsed) and
+offers the same four things (``FileExecutor``): submit a call, wait for the first of some futures, tell whether an
 exception means a worker died, close. ``Parsing`` keeps at most ``capacity`` files of a run in flight
 and yields each as it completes, so the loader stores a rank and drops it while the others parse.
 The Dask executor lives in ``tracecal.ingest.dask_cluster`` (Dask is an optional dependency).
@@ -15,7 +16,7 @@ import sys
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 from tracecal.errors import TracecalError, WorkerError
 from tracecal.ingest.discover import TraceFile
@@ -23,6 +24,16 @@ from tracecal.ingest.shards import parse_for_loader
 from tracecal.ingest.trace import ParsedRank
 
 OnError = Literal["raise", "skip"]
+
+Result = TypeVar("Result")
+FileTask = Callable[[TraceFile, Path, bool], list[Result]]
+"""``task(trace_file, shard_dir, crosses_processes)``: what a worker does with one file; one result
+per rank of the file. A top-level function (or a ``functools.partial`` of one) so it pickles."""
+
+
+def parse_file(trace_file: TraceFile, shard_dir: Path, crosses_processes: bool) -> list[ParsedRank]:
+    """The plain task: parse the file (``parse_for_loader``)."""
+    return parse_for_loader(trace_file.path, shard_dir, crosses_processes)
 
 
 @dataclass(frozen=True)
@@ -129,7 +140,7 @@ class ProcessPool:
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-class Parsing:
+class Parsing(Generic[Result]):
     """The files of one run, parsed by ``executor`` and yielded in completion order.
 
     The first ``capacity`` files are submitted at once (they parse while the loader opens its
@@ -149,8 +160,9 @@ class Parsing:
         shard_dir: Path,
         on_error: OnError,
         skipped: list[Skipped],
+        task: FileTask[Result] = parse_file,  # type: ignore[assignment]
     ) -> None:
-        self._executor, self._shard_dir = executor, shard_dir
+        self._executor, self._shard_dir, self._task = executor, shard_dir, task
         self._on_error, self._skipped = on_error, skipped
         self._waiting = iter(files)
         self._pending: dict[Any, TraceFile] = {}
@@ -158,10 +170,10 @@ class Parsing:
         for _ in range(executor.capacity):
             self._submit_next()
 
-    def __iter__(self) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
+    def __iter__(self) -> Iterator[tuple[TraceFile, list[Result]]]:
         return self
 
-    def __next__(self) -> tuple[TraceFile, list[ParsedRank]]:
+    def __next__(self) -> tuple[TraceFile, list[Result]]:
         if not self._done:
             if not self._pending:
                 raise StopIteration
@@ -169,7 +181,7 @@ class Parsing:
         future = self._done.pop()
         trace_file = self._pending.pop(future)
         try:
-            ranks: list[ParsedRank] = future.result()
+            ranks: list[Result] = future.result()
         except TracecalError as exc:
             if self._on_error == "raise":
                 raise
@@ -192,9 +204,7 @@ class Parsing:
         if trace_file is None:
             return
         try:
-            future = self._executor.submit(
-                parse_for_loader, trace_file.path, self._shard_dir, self._executor.crosses_processes
-            )
+            future = self._executor.submit(self._task, trace_file, self._shard_dir, self._executor.crosses_processes)
         except Exception as exc:
             if self._executor.worker_died(exc):
                 raise self._worker_error([]) from None

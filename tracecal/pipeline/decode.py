@@ -5,10 +5,10 @@ place (``tracecal.pipeline.ingest``); callable again on its own to re-decode (e.
 ``--iteration-marker``): the run's derived rows are replaced. Never opens or commits a transaction.
 The statements it runs on the database are in ``tracecal.sql.loaders``.
 
-Inside ingest the loader hands over the events it has just stored (``DecodeHandoff``), so a run of
-up to ``BATCH_EVENTS`` events is decoded without reading it back from DuckDB (for a small trace, the
-read-back, the per-rank counts and the check for earlier derived rows cost as much as decoding it);
-larger runs, and re-decodes, read the events back in batches.
+Decoding has a per-rank half (``decode_rank_parts``: operators, the rank's collective instances and
+iteration spans) and a cross-rank half (matching, clock alignment, topology, best iteration). Inside
+ingest a worker does the per-rank half of the rank it parsed (``tracecal.pipeline.rank_decode``) and
+the loader only the cross-rank half; a re-decode does both here.
 
 Memory: one batch of ranks' events at a time, and a rank of more than ``WINDOW_EVENTS`` events one
 decode window of iterations at a time (docs/decode.md#windows: the rows are those of decoding the
@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import duckdb
 import numpy as np
 import polars as pl
-import pyarrow as pa
 
 from tracecal.decode.align import apply_offsets, best_iteration, clock_offsets, match_collectives
 from tracecal.decode.frames import with_series
@@ -36,7 +35,7 @@ from tracecal.decode.topology import group_topology
 from tracecal.decode.windows import RankWindow, number_in_group, window_firsts
 from tracecal.errors import TraceFormatError
 from tracecal.ingest.discover import ParallelLayout
-from tracecal.schema import COLLECTIVES, EVENTS, ITERATIONS, OPERATORS, arrow_schema
+from tracecal.schema import COLLECTIVES, ITERATIONS, OPERATORS
 from tracecal.sql.loaders import (
     crossing_intervals,
     delete_derived_rows,
@@ -134,27 +133,6 @@ def _units(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out + _batches(small, BATCH_EVENTS)
 
 
-class _OperatorTotals:
-    """Writes decoded operators and keeps the figures ``DecodeSummary`` reports of them."""
-
-    def __init__(self) -> None:
-        self.operators = self.unlinked = self.kernel_ns = self.linked_ns = 0
-
-    def add(self, con: duckdb.DuckDBPyConnection, run_id: str, ops: pl.DataFrame) -> None:
-        insert_frame(con, OPERATORS, ops, run_id)
-        self.operators += ops.height
-        # series operations: no query plan each
-        cpu_op, dur = ops.get_column("cpu_op_event_id"), ops.get_column("dur_ns")
-        kernel = ops.get_column("kind") == "kernel"
-        self.unlinked += cpu_op.null_count()
-        self.kernel_ns += int(dur.filter(kernel).sum() or 0)
-        self.linked_ns += int(dur.filter(kernel & cpu_op.is_not_null()).sum() or 0)
-
-    @property
-    def linked_kernel_share(self) -> float | None:
-        return self.linked_ns / self.kernel_ns if self.kernel_ns else None
-
-
 @dataclass(frozen=True)
 class _WindowedRank:
     """A rank decoded in windows: its collectives (numbered as the whole rank's) and iterations."""
@@ -185,7 +163,8 @@ def _decode_in_windows(
     *,
     layout: ParallelLayout,
     marker: str | None,
-    totals: _OperatorTotals,
+    parts: RankParts,
+    write: OperatorSink,
 ) -> _WindowedRank | None:
     """Decode one rank a window of iterations at a time (docs/decode.md#windows), writing its
     operators; None when the rank is a single window (the caller decodes it whole).
@@ -233,7 +212,8 @@ def _decode_in_windows(
         del read, extra
         decoded = decode_ranks(events, layout=layout, marker=marker, window=window)
         del events
-        totals.add(con, run_id, decoded.operators)
+        write(decoded.operators)
+        parts.add_operators(decoded.operators)
         collectives.append(decoded.collectives)
         iterations.append(decoded.iterations)
         not_leaves = np.union1d(not_leaves, decoded.context_not_operators)
@@ -271,74 +251,102 @@ def _layout(con: duckdb.DuckDBPyConnection, run_id: str, marker: str, fresh: boo
     return ParallelLayout(pp=pp, tp=tp, dp=dp, nodes=nodes, gpus_per_node=gpn, world_size=world), derived
 
 
-def _as_type(column: pa.ChunkedArray, target: pa.DataType) -> pa.ChunkedArray:
-    """``column`` cast to ``target``; as it is when it has that type already (a no-op cast still
-    costs tens of microseconds, and the hand-off has 28 columns per table)."""
-    return column if column.type == target else column.cast(target)
+@dataclass
+class RankParts:
+    """The per-rank half of decoding some ranks: their operators are written (``write``), their
+    collectives (not yet matched across ranks) and iterations (not yet aligned) kept for the run.
+
+    Built by the loader from the stored events, or by a worker from the rank it parsed
+    (``tracecal.pipeline.rank_decode``) and combined by the loader with ``extend``."""
+
+    collectives: list[pl.DataFrame]
+    iterations: list[pl.DataFrame]
+    markers_found: bool = True
+    operators: int = 0
+    unlinked: int = 0
+    kernel_ns: int = 0
+    linked_ns: int = 0
+
+    @classmethod
+    def empty(cls) -> RankParts:
+        return cls([], [])
+
+    def add_operators(self, ops: pl.DataFrame) -> None:
+        """Count what ``DecodeSummary`` reports of the operators (series operations: no query plan each)."""
+        self.operators += ops.height
+        cpu_op, dur = ops.get_column("cpu_op_event_id"), ops.get_column("dur_ns")
+        kernel = ops.get_column("kind") == "kernel"
+        self.unlinked += cpu_op.null_count()
+        self.kernel_ns += int(dur.filter(kernel).sum() or 0)
+        self.linked_ns += int(dur.filter(kernel & cpu_op.is_not_null()).sum() or 0)
+
+    def extend(self, other: RankParts) -> None:
+        self.collectives += other.collectives
+        self.iterations += other.iterations
+        self.markers_found = self.markers_found and other.markers_found
+        self.operators += other.operators
+        self.unlinked += other.unlinked
+        self.kernel_ns += other.kernel_ns
+        self.linked_ns += other.linked_ns
 
 
-class DecodeHandoff:
-    """The events the loader stores for a run, kept for its decode (only the ``DECODE_COLUMNS``).
+OperatorSink = Callable[[pl.DataFrame], None]
+"""Where decoded operators go: inserted into the database, or into a worker's Parquet shard."""
 
-    The loader calls ``keep`` with every table it inserts into ``events`` (``run_id`` and ``rank``
-    filled in) and passes the handoff to ``decode_stored_run``. Once the run exceeds
-    ``BATCH_EVENTS`` events the tables are dropped and decode reads the run back in batches, so a
-    large run is never held whole.
 
-    The loader also sets ``layout`` (with ``world_size``) and ``iteration_marker`` to what it wrote in
-    the run's ``runs`` row: decode then neither asks for the layout nor records the marker when the row
-    already holds it (an ``UPDATE ... RETURNING`` costs as much as a few frame operations).
+def decode_rank_parts(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    sizes: list[tuple[int, int]],
+    *,
+    layout: ParallelLayout,
+    marker: str | None,
+    write: OperatorSink,
+    on_rank: Callable[[int], None] | None = None,
+) -> RankParts:
+    """The per-rank half of decoding the ranks of ``sizes`` (``(rank, events)``) whose events the
+    ``events`` table of ``con`` holds: small ranks in batches, a rank of more than ``WINDOW_EVENTS``
+    events a window of iterations at a time. Operators go to ``write``."""
+    parts = RankParts.empty()
+    windowed = {rank for rank, n in sizes if n > WINDOW_EVENTS}
+    for first, last in _units(sizes):
+        decoded: RankDecode | _WindowedRank | None = None
+        if first == last and first in windowed:
+            decoded = _decode_in_windows(con, run_id, first, layout=layout, marker=marker, parts=parts, write=write)
+        if decoded is None:  # a batch of ranks, or a rank that is one window (no markers)
+            # only the columns decode reads; sorted here, not by DuckDB (its ORDER BY costs more than
+            # the rest of the read)
+            events = pl.from_arrow(read_events(con, run_id, DECODE_COLUMNS, first, last))
+            assert isinstance(events, pl.DataFrame)
+            if not (events["rank"].cast(pl.Int64) * (1 << 40) + events["event_id"]).is_sorted():
+                events = events.sort("rank", "event_id")
+            decoded = decode_ranks(events, layout=layout, marker=marker)
+            del events
+            write(decoded.operators)
+            parts.add_operators(decoded.operators)
+        parts.collectives.append(decoded.collectives)
+        parts.iterations.append(decoded.iterations)
+        parts.markers_found = parts.markers_found and decoded.markers_found
+        del decoded
+        if on_rank is not None:
+            for rank, _ in sizes:
+                if first <= rank <= last:
+                    on_rank(rank)
+    return parts
+
+
+def check_marker(iteration_marker: str | None) -> str:
+    """The marker regex (default ``ProfilerStep#N``), checked before anything is written.
+
+    Raises:
+        TraceFormatError: not a valid regex.
     """
-
-    def __init__(self) -> None:
-        self._tables: list[pa.Table] | None = []
-        self._rows = 0
-        self.layout: ParallelLayout | None = None
-        self.iteration_marker: str | None = None
-
-    def keep(self, events: pa.Table) -> None:
-        """Keep (a column selection of) one inserted table of events, within the budget."""
-        if self._tables is None:
-            return
-        self._rows += events.num_rows
-        if self._rows > BATCH_EVENTS:
-            self._tables = None
-            return
-        self._tables.append(events.select([c for c in DECODE_COLUMNS if c in events.schema.names]))
-
-    def keep_none(self) -> None:
-        """Events were stored without passing through ``keep`` (read from a file): decode reads the run back."""
-        self._tables = None
-
-    def events(self) -> pl.DataFrame | None:
-        """Every kept event with the ``DECODE_COLUMNS`` as read back from ``events`` (same types,
-        absent columns NULL, dictionary-encoded strings decoded); None when over the budget."""
-        if self._tables is None:
-            return None
-        schema = arrow_schema(EVENTS)
-        runs: list[list[pa.Table]] = []  # consecutive tables of one schema: concatenated, then cast once
-        for table in self._tables:
-            if runs and runs[-1][0].schema == table.schema:
-                runs[-1].append(table)
-            else:
-                runs.append([table])
-        tables = []
-        for run in runs:
-            table = pa.concat_tables(run) if len(run) > 1 else run[0]
-            columns = [
-                _as_type(table.column(c), schema.field(c).type)
-                if c in table.schema.names
-                else pa.nulls(table.num_rows, schema.field(c).type)
-                for c in DECODE_COLUMNS
-            ]
-            tables.append(pa.table(columns, names=list(DECODE_COLUMNS)))
-        if not tables:
-            tables.append(
-                pa.table([pa.array([], schema.field(c).type) for c in DECODE_COLUMNS], names=list(DECODE_COLUMNS))
-            )
-        frame = pl.from_arrow(pa.concat_tables(tables) if len(tables) > 1 else tables[0])
-        assert isinstance(frame, pl.DataFrame)
-        return frame
+    marker = iteration_marker or DEFAULT_MARKER
+    try:
+        re.compile(marker)
+    except re.error as exc:
+        raise TraceFormatError(f"--iteration-marker {marker!r} is not a valid regex: {exc}") from exc
+    return marker
 
 
 def decode_stored_run(
@@ -347,7 +355,7 @@ def decode_stored_run(
     *,
     iteration_marker: str | None = None,
     on_rank: Callable[[int], None] | None = None,
-    handoff: DecodeHandoff | None = None,
+    decoded: Mapping[int, RankParts] | None = None,
 ) -> DecodeSummary:
     """Decode the run's stored events into ``operators``, ``collectives`` and ``iterations``.
 
@@ -358,70 +366,41 @@ def decode_stored_run(
         run_id: a run whose ``runs``, ``ranks`` and ``events`` rows are stored.
         iteration_marker: regex delimiting iterations; None means ``ProfilerStep#N``.
         on_rank: called with each rank after its batch is decoded (progress reporting).
-        handoff: the events the loader stored for the run in this transaction, after deleting
-            everything the run had (so there are no derived rows to replace); decoded without
-            reading them back unless the run was too large to keep. None: read from the database.
+        decoded: ranks whose per-rank half a worker did with the run's layout and this marker
+            (their operators are stored already): only the cross-rank half is left for them. Given
+            inside ingest, right after the run's rows were replaced (no derived rows to delete).
 
     Raises:
         RunNotFoundError: the run is not in the database.
         TraceFormatError: ``iteration_marker`` is not a valid regex.
     """
     started = time.perf_counter()
-    marker = iteration_marker or DEFAULT_MARKER
-    try:  # before anything is written
-        re.compile(marker)
-    except re.error as exc:
-        raise TraceFormatError(f"--iteration-marker {marker!r} is not a valid regex: {exc}") from exc
-    given = handoff.events() if handoff is not None else None
-    if handoff is not None and handoff.layout is not None and handoff.iteration_marker == marker:
-        layout, derived = handoff.layout, False  # the loader's row says it all
-    else:
-        layout, derived = _layout(con, run_id, marker, fresh=handoff is not None)
+    marker = check_marker(iteration_marker)
+    layout, derived = _layout(con, run_id, marker, fresh=decoded is not None)
     if derived:
         delete_derived_rows(con, run_id)
-    if given is not None:
-        ranks = np.unique(given.get_column("rank").to_numpy()).tolist()  # a series ``unique`` plans a query
-        batches = [(ranks[0], ranks[-1])] if ranks else []
-    else:
-        sizes = event_counts(con, run_id)
-        ranks = [r for r, _ in sizes]
-        batches = _units(sizes)
-        windowed = {rank for rank, n in sizes if n > WINDOW_EVENTS}
-    collectives: list[pl.DataFrame] = []
-    iterations: list[pl.DataFrame] = []
-    totals = _OperatorTotals()
-    markers = True
-    for first, last in batches:
-        decoded: RankDecode | _WindowedRank | None = None
-        if given is None and first == last and first in windowed:
-            decoded = _decode_in_windows(con, run_id, first, layout=layout, marker=iteration_marker, totals=totals)
-        if decoded is None:  # a batch of ranks, or a rank that is one window (no markers)
-            if given is not None:  # the whole run, as the loader stored it (one batch)
-                events, given = given, None
-            else:
-                # only the columns decode reads; sorted here, not by DuckDB (its ORDER BY costs more
-                # than the rest of the read)
-                read = pl.from_arrow(read_events(con, run_id, DECODE_COLUMNS, first, last))
-                assert isinstance(read, pl.DataFrame)
-                events = read
-            if not (events["rank"].cast(pl.Int64) * (1 << 40) + events["event_id"]).is_sorted():
-                events = events.sort("rank", "event_id")
-            decoded = decode_ranks(events, layout=layout, marker=iteration_marker)
-            del events
-            totals.add(con, run_id, decoded.operators)
-        collectives.append(decoded.collectives)
-        iterations.append(decoded.iterations)
-        markers = markers and decoded.markers_found
-        del decoded
-        if on_rank is not None:
-            for rank in ranks:
-                if first <= rank <= last:
-                    on_rank(rank)
-
+    sizes = event_counts(con, run_id)
+    ranks = [r for r, _ in sizes]
+    done = dict(decoded or {})
+    parts = decode_rank_parts(
+        con,
+        run_id,
+        [(r, n) for r, n in sizes if r not in done],
+        layout=layout,
+        marker=iteration_marker,
+        write=lambda ops: insert_frame(con, OPERATORS, ops, run_id),
+        on_rank=on_rank,
+    )
+    for rank in ranks:
+        if rank in done:
+            parts.extend(done[rank])
+            if on_rank is not None:
+                on_rank(rank)
     if not ranks:  # no complete events at all: nothing to derive, and nothing half-written either
         return DecodeSummary(run_id, 0, 0, 0, None, 0, 0, 0, 0, False, None, None, time.perf_counter() - started)
-    colls = pl.concat(collectives, how="vertical_relaxed")
-    its = pl.concat(iterations, how="vertical_relaxed")
+    # in rank order, each rank's rows in decode's order (ties in the cross-rank steps keep it)
+    colls = _by_rank(pl.concat(parts.collectives, how="vertical_relaxed"))
+    its = _by_rank(pl.concat(parts.iterations, how="vertical_relaxed"))
     if len(ranks) > 1:
         colls = match_collectives(colls)
     else:  # a single rank has nobody to match with
@@ -444,17 +423,23 @@ def decode_stored_run(
     return DecodeSummary(
         run_id=run_id,
         ranks=len(ranks),
-        operators=totals.operators,
-        unlinked_operators=totals.unlinked,
-        linked_kernel_share=totals.linked_kernel_share,
+        operators=parts.operators,
+        unlinked_operators=parts.unlinked,
+        linked_kernel_share=parts.linked_ns / parts.kernel_ns if parts.kernel_ns else None,
         collectives=colls.height,
         matched_instances=int(colls["match_id"].n_unique() - (1 if colls["match_id"].null_count() else 0))
         if colls.height
         else 0,
         unmatched_collectives=int(colls["match_id"].null_count()) if multi else 0,
         iterations=its.height,
-        markers_found=markers,
+        markers_found=parts.markers_found,
         best_iteration=int(best["iteration"][0]) if best.height else None,
         best_iteration_ns=int(best["dur_ns"][0]) if best.height else None,
         seconds=time.perf_counter() - started,
     )
+
+
+def _by_rank(frame: pl.DataFrame) -> pl.DataFrame:
+    """``frame`` with its ranks in order, the rows of a rank in the order they had (a stable sort)."""
+    rank = frame.get_column("rank")
+    return frame if rank.is_sorted() else frame.sort("rank", maintain_order=True)

@@ -1,14 +1,14 @@
-"""Ingesting runs: discover, parse in workers, insert, decode, one transaction per run.
+"""Ingesting runs: discover, parse and decode each rank in workers, insert, finish, one transaction per run.
 
 ``ingest_runs(con, run_dirs, options) -> IngestReport`` is the library side of ``trace-ingest``.
-Files are parsed by an executor (``tracecal.ingest.executors``: this process, a process pool, or a
-Dask cluster; at most ``capacity`` files in flight), and each rank is inserted as it arrives and then
-dropped, so neither a worker nor the loader ever holds a whole run. Ranks from another process come
-as Parquet shards in a shard directory made for the ingest and removed after it. The first files
-parse while the run's transaction opens. Each run is one DuckDB transaction: its old rows are
-deleted from every run table, the new ones inserted and decoded, and any failure rolls back so the
-database is unchanged. The statements are ``tracecal.sql.loaders``'s; decoding is
-``tracecal.pipeline.decode``'s.
+Files go to an executor (``tracecal.ingest.executors``: this process, a process pool, or a Dask
+cluster; at most ``capacity`` files in flight) that parses each one into Parquet shards and decodes
+its ranks there (``tracecal.pipeline.rank_decode``). Each rank's events and operators are inserted as
+they arrive and then dropped, so neither a worker nor the loader ever holds a whole run. Shards live in
+a directory made for the ingest and removed after it. The first files parse while the run's
+transaction opens. Each run is one DuckDB transaction: its old rows are deleted from every run table,
+the new ones inserted, decoding finished (``tracecal.pipeline.decode``: the cross-rank steps), and any
+failure rolls back so the database is unchanged. The statements are ``tracecal.sql.loaders``'s.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,19 +39,23 @@ from tracecal.ingest.discover import (
     discover_run,
     layout_from_process_groups,
     missing_ranks,
+    resolve_rank,
     world_size_of,
 )
 from tracecal.ingest.executors import FileExecutor, InProcess, OnError, Parsing, ProcessPool, Skipped
 from tracecal.ingest.reconstruct import RebuiltRun, rebuild_run
 from tracecal.ingest.shards import count_kernels
 from tracecal.ingest.trace import EventsFile, ParsedRank
-from tracecal.pipeline.decode import DecodeHandoff, DecodeSummary, decode_stored_run
+from tracecal.pipeline.decode import DecodeSummary, RankParts, check_marker, decode_stored_run
+from tracecal.pipeline.rank_decode import DecodedRank, DecodePlan, parse_and_decode
 from tracecal.schema import RANKS, RUNS, arrow_schema
 from tracecal.sql.loaders import (
     OneThreadForLargeInserts,
+    delete_rank_operators,
     delete_run,
     insert_events,
     insert_events_file,
+    insert_operators_file,
     insert_rows,
     set_ingest_seconds,
 )
@@ -253,6 +258,7 @@ def _ingest_run(
     progress: ProgressCallback | None,
 ) -> RunReport:
     started = time.perf_counter()
+    check_marker(options.iteration_marker)  # before any worker decodes with it
     skipped: list[Skipped] = []
     rebuilt = None
     if run.decoded_job is not None:
@@ -265,11 +271,20 @@ def _ingest_run(
     if rebuilt is not None:
         run = replace(run, layout=rebuilt.layout.merged(run.layout), files=_rebuilt_files(rebuilt))
     stored = _StoredRanks(con, run_id, len(run.files))
-    # The first files parse now, while this process opens the transaction.
-    parsing: Parsing | Iterator[tuple[TraceFile, list[ParsedRank]]] = (
+    # Workers parse and decode each rank of the files; the first start now, while this process opens
+    # the transaction.
+    plan = DecodePlan(run.layout, options.iteration_marker, len(run.files))
+    parsing: Iterator[tuple[TraceFile, Sequence[ParsedRank | DecodedRank]]] = (
         _rebuilt_ranks(run, rebuilt)
         if rebuilt is not None
-        else Parsing(executors.for_files(len(run.files)), run.files, executors.shards(), options.on_error, skipped)
+        else Parsing(
+            executors.for_files(len(run.files)),
+            run.files,
+            executors.shards(),
+            options.on_error,
+            skipped,
+            task=partial(parse_and_decode, plan=plan),
+        )
     )
     began = False
     try:
@@ -304,11 +319,15 @@ def _ingest_run(
                 arrow_schema(RUNS),
                 [_run_row(run_id, run, options, layout, world_size, len(stored.rows), load_seconds)],
             )
-            stored.handoff.layout = replace(layout, world_size=world_size)
-            stored.handoff.iteration_marker = _iteration_marker(options)
 
-            # Step 4: decode (operators, collectives, iterations) inside the run's transaction.
-            decoded = decode_stored_run(con, run_id, iteration_marker=options.iteration_marker, handoff=stored.handoff)
+            # Step 4: the cross-rank half of decoding (and the per-rank half of the ranks no worker
+            # decoded, or decoded with a layout the whole run contradicts) inside the run's transaction.
+            decoded = decode_stored_run(
+                con,
+                run_id,
+                iteration_marker=options.iteration_marker,
+                decoded=stored.decoded_with(replace(layout, world_size=world_size)),
+            )
         finally:
             stored.threads.restore()
 
@@ -349,10 +368,12 @@ Waiting ranks hold at most this many rows (tens of MB of Arrow) beside the rank 
 
 
 class _StoredRanks:
-    """The ranks of one run stored so far: their ``ranks`` rows and the totals of the run.
+    """The ranks of one run stored so far: their ``ranks`` rows, the totals of the run, and the
+    per-rank decode of the ranks a worker decoded (``decoded``: operators stored, parts kept).
 
-    Events wait in ``pending`` (run_id and rank filled in) until ``INSERT_BATCH_ROWS`` rows of the
-    same columns have accumulated; ``flush`` inserts what waits.
+    Events given as tables (ranks rebuilt from a decoded run) wait in ``pending`` (run_id and rank
+    filled in) until ``INSERT_BATCH_ROWS`` rows of the same columns have accumulated; ``flush``
+    inserts what waits.
     """
 
     def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, files: int) -> None:
@@ -365,17 +386,22 @@ class _StoredRanks:
         self.events = self.kernels = self.source_bytes = 0
         self.pending: list[pa.Table] = []
         self.pending_rows = 0
-        self.handoff = DecodeHandoff()  # what decode reads instead of reading the events back
+        self.decoded: dict[int, tuple[ParallelLayout, RankParts]] = {}
         self.threads = OneThreadForLargeInserts(con)
 
-    def add(self, trace_file: TraceFile, parsed: list[ParsedRank]) -> None:
-        """Store the events of every rank of one file (now, or with the next ranks).
+    def add(self, trace_file: TraceFile, parsed: Sequence[ParsedRank | DecodedRank]) -> None:
+        """Store the events of every rank of one file (now, or with the next ranks), and the
+        operators of those a worker decoded.
 
         Raises:
             RankConflictError: a rank is already held by another file, or cannot be determined.
         """
-        for rank_trace in parsed:
-            rank, rank_source = _resolve_rank(trace_file, rank_trace, len(parsed), self.files)
+        for result in parsed:
+            if isinstance(result, DecodedRank):
+                rank_trace, rank, rank_source = result.parsed, result.rank, result.rank_source
+            else:
+                rank_trace = result
+                rank, rank_source = resolve_rank(trace_file, rank_trace, len(parsed), self.files)
             if rank in self.owners:
                 raise RankConflictError(
                     f"{trace_file.path} and {self.owners[rank]} both hold rank {rank}; "
@@ -386,6 +412,12 @@ class _StoredRanks:
                 self._insert_file(rank_trace.events, rank)
             else:
                 self._queue(_with_ids(rank_trace.events, self.run_id, rank))
+            if isinstance(result, DecodedRank):
+                try:
+                    insert_operators_file(self.con, result.operators, self.run_id)
+                finally:
+                    result.operators.unlink(missing_ok=True)
+                self.decoded[rank] = (result.layout, result.parts)
             row = _rank_row(rank, rank_trace)
             self.rows.append({**row, "rank_source": rank_source})
             self.events += row["events"]
@@ -399,7 +431,6 @@ class _StoredRanks:
         if self.pending and events.schema != self.pending[0].schema:
             self.flush()
         self.pending.append(events)
-        self.handoff.keep(events)
         self.pending_rows += events.num_rows
         if self.pending_rows >= INSERT_BATCH_ROWS:
             self.flush()
@@ -407,12 +438,25 @@ class _StoredRanks:
     def _insert_file(self, events: EventsFile, rank: int) -> None:
         """Insert a rank's events from the Parquet file its parser streamed them into, then delete it."""
         self.flush()
-        self.handoff.keep_none()
         self.threads.before_insert(events.rows)
         try:
             insert_events_file(self.con, events.path, self.run_id, rank)
         finally:
             events.path.unlink(missing_ok=True)
+
+    def decoded_with(self, layout: ParallelLayout) -> dict[int, RankParts]:
+        """The per-rank decode of the ranks a worker decoded with ``layout`` (what decode reads of it:
+        pp, tp, dp, world size); the operators of the others are deleted, for decode to redo them."""
+        same = {
+            rank: parts
+            for rank, (assumed, parts) in self.decoded.items()
+            if (assumed.pp, assumed.tp, assumed.dp, assumed.world_size)
+            == (layout.pp, layout.tp, layout.dp, layout.world_size)
+        }
+        again = sorted(set(self.decoded) - set(same))
+        if again:
+            delete_rank_operators(self.con, self.run_id, again)
+        return same
 
     def flush(self) -> None:
         """Insert the waiting events (one statement) and drop them."""
@@ -461,20 +505,6 @@ def _with_ids(events: pa.Table, run_id: str, rank: int) -> pa.Table:
         index = events.schema.get_field_index(name)
         events = events.set_column(index, name, column) if index >= 0 else events.append_column(name, column)
     return events
-
-
-def _resolve_rank(trace_file: TraceFile, parsed: ParsedRank, ranks_in_file: int, files: int) -> tuple[int, str]:
-    """distributedInfo (or the Nsight reader's answer) > the path > rank 0 for a lone single-rank trace."""
-    if parsed.rank is not None:
-        return parsed.rank, parsed.rank_source or "trace"
-    if trace_file.path_rank is not None and ranks_in_file == 1:
-        return trace_file.path_rank, "path"
-    if files == 1 and ranks_in_file == 1:  # a single-process capture (no torch.distributed)
-        return 0, "single_file"
-    raise RankConflictError(
-        f"{trace_file.path}: cannot tell which rank this is (no distributedInfo.rank in the trace and no "
-        "rank-N, rankN, workerN or numeric rank directory in its path); rename it, e.g. rank-0.json.gz"
-    )
 
 
 def _rank_row(rank: int, parsed: ParsedRank) -> dict[str, Any]:

@@ -55,6 +55,36 @@ def insert_events_file(con: duckdb.DuckDBPyConnection, path: Path, run_id: str, 
     )
 
 
+def insert_operators_file(con: duckdb.DuckDBPyConnection, path: Path, run_id: str) -> None:
+    """Insert operators a worker decoded into a Parquet file (``OPERATORS`` columns), for ``run_id``."""
+    con.execute(
+        "INSERT INTO operators BY NAME SELECT * REPLACE ($run_id AS run_id) FROM read_parquet($path)",
+        {"run_id": run_id, "path": str(path)},
+    )
+
+
+def delete_rank_operators(con: duckdb.DuckDBPyConnection, run_id: str, ranks: list[int]) -> None:
+    """Delete the operators of some ranks of a run (a worker decoded them with a layout the run's
+    ranks then contradicted: the loader decodes them again)."""
+    con.execute("DELETE FROM operators WHERE run_id = ? AND list_contains(?, rank)", [run_id, ranks])
+
+
+def shard_as_events(con: duckdb.DuckDBPyConnection, path: Path, rank: int) -> None:
+    """Make ``events`` of ``con`` (a worker's own in-memory database) a view of one rank's Parquet
+    shard, its ``rank`` set, so that decode's queries read the shard as they read a stored run
+    (``SHARD_RUN_ID`` is its run id)."""
+    con.execute("SET VARIABLE tracecal_shard = ?", [str(path)])
+    con.execute("SET VARIABLE tracecal_rank = ?", [rank])
+    con.execute(
+        f"CREATE OR REPLACE TEMP VIEW events AS SELECT * REPLACE ('{SHARD_RUN_ID}' AS run_id, "
+        "getvariable('tracecal_rank')::INTEGER AS rank) FROM read_parquet(getvariable('tracecal_shard'))"
+    )
+
+
+SHARD_RUN_ID = "shard"
+"""The run id of the one rank ``shard_as_events`` shows."""
+
+
 VALUES_MAX_ROWS = 4
 """``insert_rows`` inserts up to this many rows with a ``VALUES`` statement, more from Arrow."""
 
