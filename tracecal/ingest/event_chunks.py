@@ -58,25 +58,69 @@ class Document:
 
 
 class _Window:
-    """The stream's bytes from some point on, in one ``bytearray`` (a chunk is decoded in place)."""
+    """The stream's bytes from some point on: ``buf[:end]``, in a ``bytearray`` (a chunk is decoded in
+    place) that may be longer than ``end``.
+
+    Two buffers take turns: the bytes kept at each step go to the other one, so that the values decoded
+    from the last chunk (``msgspec.Raw`` slices) may still point into the current one; the other is
+    reused when nothing points into it any more (no buffer export), else a new one is made. A reused
+    buffer's pages are already the process's: filling a fresh window of ``CHUNK_BYTES`` page by page cost
+    the kernel a page fault every 4 KB."""
 
     def __init__(self, first: bytes, rest: Iterator[bytes]) -> None:
         self.buf, self.rest, self.eof = bytearray(first), rest, False
+        self.end = len(self.buf)
+        self.spare: bytearray | None = None
 
     def ensure(self, start: int, size: int) -> int:
         """Read until ``size`` bytes follow ``start`` (or the end); returns the new index of ``start``
-        (the bytes before it are dropped: a new buffer, as decoded values may still point into the old)."""
-        if len(self.buf) - start >= size or self.eof:
+        (the bytes before it are dropped)."""
+        if self.end - start >= size or self.eof:
             return start
-        buf = bytearray(memoryview(self.buf)[start:])
-        while len(buf) < size:
+        kept = self.end - start
+        buf = _unused(self.spare)
+        if buf is None:
+            buf = bytearray(max(size, kept) + _BLOCK_SLACK)
+        _fit(buf, kept)
+        buf[:kept] = memoryview(self.buf)[start : self.end]  # same length: no resize
+        end = kept
+        while end < size:
             block = next(self.rest, None)
             if block is None:
                 self.eof = True
                 break
-            buf += block
-        self.buf = buf
+            _fit(buf, end + len(block))
+            buf[end : end + len(block)] = block
+            end += len(block)
+        self.spare = self.buf if len(self.buf) <= _REUSED_MAX_BYTES else None
+        self.buf, self.end = buf, end
         return 0
+
+
+_BLOCK_SLACK = 8 * 2**20
+"""Bytes a new window buffer holds beyond the bytes asked for: the last block read overshoots."""
+
+_REUSED_MAX_BYTES = 4 * CHUNK_BYTES
+"""A buffer longer than this (the first, which holds what was read before streaming began) is not kept
+for reuse."""
+
+
+def _unused(buf: bytearray | None) -> bytearray | None:
+    """``buf`` when nothing points into it (no export: it can be resized), else None."""
+    if buf is None:
+        return None
+    try:
+        buf.append(0)
+    except BufferError:
+        return None
+    del buf[-1]
+    return buf
+
+
+def _fit(buf: bytearray, size: int) -> None:
+    """Make ``buf`` at least ``size`` bytes long (zeros added; never shorter)."""
+    if len(buf) < size:
+        buf.extend(bytes(size - len(buf) + _BLOCK_SLACK))
 
 
 def open_document(
@@ -94,25 +138,26 @@ def open_document(
     """
     window = _Window(first, rest)
     window.ensure(0, 64)
-    head = bytes(window.buf[:64]).lstrip()[:1]
+    head = bytes(window.buf[: min(64, window.end)]).lstrip()[:1]
     if head == b"[":
-        begin = window.buf.index(b"[") + 1
+        begin = window.buf.index(b"[", 0, window.end) + 1
         document = Document(b"", top_level_array=True)
     elif head == b"{":
-        match = _EVENTS_KEY.search(window.buf)
+        match = _EVENTS_KEY.search(window.buf, 0, window.end)
         while match is None:
-            if window.eof or len(window.buf) > _HEADER_MAX_BYTES:
+            if window.eof or window.end > _HEADER_MAX_BYTES:
                 raise TraceFormatError(
                     f"{path}: JSON but not a Kineto trace (no traceEvents array); "
                     "move it out of the run or pass --on-error skip"
                 )
-            window.ensure(0, len(window.buf) + CHUNK_BYTES)
-            match = _EVENTS_KEY.search(window.buf)
+            window.ensure(0, window.end + CHUNK_BYTES)
+            match = _EVENTS_KEY.search(window.buf, 0, window.end)
         document = Document(bytes(window.buf[: match.start()]), top_level_array=False)
         begin = match.end()
     else:
         raise TraceFormatError(
-            f"{path}: not JSON (starts with {bytes(window.buf[:16])!r}); expected a torch.profiler trace"
+            f"{path}: not JSON (starts with {bytes(window.buf[: min(16, window.end)])!r}); "
+            "expected a torch.profiler trace"
         )
     return document, _chunks(path, window, begin, document, decode)
 
@@ -128,15 +173,15 @@ def _chunks(
     offset = 0
     while True:
         pos = window.ensure(pos - 1, CHUNK_BYTES) + 1
-        end = len(window.buf)
+        end = window.end
         cut = None
         if not window.eof or end - pos > CHUNK_BYTES:
             # a larger window when an event is larger than a chunk
-            cut = _cut(path, window.buf, pos, pos + CHUNK_BYTES, offset, decode) or _cut(
+            cut = _cut(path, window.buf, pos, min(pos + CHUNK_BYTES, end), offset, decode) or _cut(
                 path, window.buf, pos, end, offset, decode
             )
         if cut is None and window.eof:
-            close, document.tail = _array_end(path, window.buf, pos, document)
+            close, document.tail = _array_end(path, window.buf, pos, end, document)
             window.buf[pos - 1] = _OPEN
             events, other = decode(memoryview(window.buf)[pos - 1 : close + 1], offset)
             if events:
@@ -146,8 +191,10 @@ def _chunks(
             pos = window.ensure(pos - 1, end - pos + 1 + CHUNK_BYTES) + 1
             continue
         comma, (events, other) = cut
+        del cut
         yield offset, events, other
         offset += len(events)
+        del events, other  # the consumer's alone while the next chunk is read and decoded
         pos = comma + 1
 
 
@@ -198,15 +245,16 @@ def _cut_is_valid(path: Path, view: memoryview) -> bool:
     return True
 
 
-def _array_end(path: Path, buf: bytearray, pos: int, document: Document) -> tuple[int, bytes]:
-    """The index of the ``]`` that ends the array, and the document's tail after it: the last ``]``
-    that leaves a valid document after it and valid events before it."""
-    end = len(buf)
+def _array_end(path: Path, buf: bytearray, pos: int, stop: int, document: Document) -> tuple[int, bytes]:
+    """The index of the ``]`` that ends the array (the last bytes are ``buf[:stop]``), and the
+    document's tail after it: the last ``]`` that leaves a valid document after it and valid events
+    before it."""
+    end = stop
     while True:
         close = buf.rfind(b"]", pos, end)
         if close < 0:
             break
-        tail = bytes(buf[close + 1 :])
+        tail = bytes(buf[close + 1 : stop])
         if document.top_level_array:
             rest_valid = not tail.strip(b" \t\r\n")
         else:

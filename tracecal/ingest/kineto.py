@@ -22,10 +22,11 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
 from functools import partial
-from itertools import repeat
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
@@ -119,43 +120,47 @@ def parse_kineto_file(path: Path, spill_dir: Path | None = None) -> ParsedRank:
     """
     facts = _RankFacts()
     blocks = facts.counted(trace_blocks(path))
-    first: list[bytes] = []
+    first: deque[bytes] = deque()
     while facts.source_bytes <= DIRECT_DECODE_BYTES and (block := next(blocks, None)) is not None:
         first.append(block)
-    data = first[0] if len(first) == 1 else b"".join(first)
-    del first
     with _gc_paused():
         if facts.source_bytes <= DIRECT_DECODE_BYTES:
+            data = first[0] if len(first) == 1 else b"".join(first)
+            first.clear()
             header, event_batches = _whole_document(path, data)
             del data
             events: pa.Table | EventsFile = _collect(path, event_batches, facts)
-        else:
-            document, chunks = open_document(path, data, blocks, partial(decode_events, path))
-            del data
-            event_batches = ((offset, (events, strict)) for offset, events, strict in chunks)
-            if spill_dir is None:
-                events = _collect(path, event_batches, facts)
-            else:
-                events = _spill(path, event_batches, facts, spill_dir)
+        else:  # the blocks read so far are streamed too (never joined), each dropped once copied
+            head = first.popleft() if first else b""
+            document, chunks = open_document(path, head, chain(_drained(first), blocks), partial(decode_events, path))
+            del head
+            events = _collect(path, chunks, facts) if spill_dir is None else _spill(path, chunks, facts, spill_dir)
             header = {} if document.top_level_array else _split_document(path, document.header())[0]
     return _parsed_rank(path, header, events, facts, _era(facts.categories, facts.float_ts, header))
 
 
-def _whole_document(path: Path, data: bytes) -> tuple[dict[str, Any], Iterator[tuple[int, tuple[list[Any], bool]]]]:
+def _drained(blocks: deque[bytes]) -> Iterator[bytes]:
+    """The blocks of ``blocks``, each removed from it as it is taken."""
+    while blocks:
+        yield blocks.popleft()
+
+
+def _whole_document(path: Path, data: bytes) -> tuple[dict[str, Any], Iterator[tuple[int, list[Any], bool]]]:
     """Header and events of a document held whole: decoded in one pass when it is ordinary, else
     split first (2021, lenient or damaged: the general path, which also words the errors)."""
     whole = _decode_whole(data)
     if whole is not None:
-        return whole[0], iter([(0, (whole[1], True))])
+        return whole[0], iter([(0, whole[1], True)])
     header, events_array = _split_document(path, data)
-    return header, iter([(0, decode_events(path, events_array, 0))])
+    return header, iter([(0, *decode_events(path, events_array, 0))])
 
 
 def _record_batches(
-    path: Path, event_batches: Iterator[tuple[int, tuple[list[Any], bool]]], facts: _RankFacts
+    path: Path, event_batches: Iterator[tuple[int, list[Any], bool]], facts: _RankFacts
 ) -> Iterator[pa.RecordBatch]:
-    """Each decoded list of events as one record batch (its dictionaries unified), facts noted."""
-    for offset, (events, strict) in event_batches:
+    """Each decoded list of events (``(offset, events, strict)``) as one record batch (its dictionaries
+    unified), facts noted; each list is dropped once converted, before the next is decoded."""
+    for offset, events, strict in event_batches:
         facts.float_ts = facts.float_ts or _float_timestamps(events[:1000])
         parts = [
             events_to_batch(path, events[a:b], offset + a, strict, facts.categories) for a, b in _chunks(len(events))
@@ -170,7 +175,7 @@ def _record_batches(
                 yield batch
 
 
-def _collect(path: Path, event_batches: Iterator[tuple[int, tuple[list[Any], bool]]], facts: _RankFacts) -> pa.Table:
+def _collect(path: Path, event_batches: Iterator[tuple[int, list[Any], bool]], facts: _RankFacts) -> pa.Table:
     batches = list(_record_batches(path, event_batches, facts))
     if not batches:
         raise _no_events(path)
@@ -178,7 +183,7 @@ def _collect(path: Path, event_batches: Iterator[tuple[int, tuple[list[Any], boo
 
 
 def _spill(
-    path: Path, event_batches: Iterator[tuple[int, tuple[list[Any], bool]]], facts: _RankFacts, spill_dir: Path
+    path: Path, event_batches: Iterator[tuple[int, list[Any], bool]], facts: _RankFacts, spill_dir: Path
 ) -> EventsFile:
     """The events written to a Parquet file in ``spill_dir`` batch by batch (deleted on failure)."""
     import pyarrow.parquet as pq

@@ -59,8 +59,8 @@ coerced after decoding, and values that are not integers become NULL."""
 
 _NO_RAW = msgspec.Raw()
 
-TRANSPOSE_ROWS = 5_000
-"""Batches of at most this many events are read by transposing their Structs (``_Fields``)."""
+TRANSPOSE_ROWS = 4_096
+"""Structs transposed at a time (``_Fields``): a block small enough to stay in the CPU cache."""
 
 _ARG_FIELDS: list[tuple[str, str | None, str]] = [
     # (attribute, JSON key when it differs, kind): kind "int" (an integer), "text_int" (an integer
@@ -350,35 +350,41 @@ def _comm_columns(core: _Rows) -> dict[str, pa.Array]:
             marked |= np.fromiter(map(is_not, values, repeat(None)), dtype=bool, count=len(values))
     if not marked.any():
         return {name: pa.nulls(core.n, type_) for name, type_ in _COMM_TYPES.items()}
-    comm = core.subset(marked)
+    picked = np.flatnonzero(marked)
+    comm = _Rows(_pick(core.args, picked.tolist()), np.arange(len(picked)), len(picked), core.ints_of)
     pg_ranks, in_split_size, out_split_size = comm.raw("pg_ranks", "in_split_size", "out_split_size")
-    return {
-        "coll_name": comm.strings("coll_name"),
-        "in_msg_nelems": comm.ints("in_msg_nelems"),
-        "out_msg_nelems": comm.ints("out_msg_nelems"),
-        "group_size": comm.ints("group_size", pa.int32()),
-        "coll_dtype": comm.strings("dtype"),
-        "pg_name": comm.strings("pg_name"),
-        "pg_desc": comm.strings("pg_desc"),
-        "pg_ranks": pg_ranks,
-        "in_split_size": in_split_size,
-        "out_split_size": out_split_size,
-        "global_rank_start": comm.ints("global_rank_start", pa.int32()),
-        "global_rank_stride": comm.ints("global_rank_stride", pa.int32()),
-        "coll_seq": _coalesce(comm.ints("seq"), comm.ints("comms_id")),
-        "src_rank": comm.ints("src_rank", pa.int32()),
-        "dst_rank": comm.ints("dst_rank", pa.int32()),
-    }
+    columns = [
+        comm.strings("coll_name"),
+        comm.ints("in_msg_nelems"),
+        comm.ints("out_msg_nelems"),
+        comm.ints("group_size", pa.int32()),
+        comm.strings("dtype"),
+        comm.strings("pg_name"),
+        comm.strings("pg_desc"),
+        pg_ranks,
+        in_split_size,
+        out_split_size,
+        comm.ints("global_rank_start", pa.int32()),
+        comm.ints("global_rank_stride", pa.int32()),
+        _coalesce(comm.ints("seq"), comm.ints("comms_id")),
+        comm.ints("src_rank", pa.int32()),
+        comm.ints("dst_rank", pa.int32()),
+    ]
+    # The few marked rows are converted on their own and spread to the batch's rows in one take.
+    rows = core.rows[picked]
+    if len(rows) != core.n:
+        columns = pa.RecordBatch.from_arrays(columns, names=_COMM_COLUMNS).take(_spread_index(rows, core.n)).columns
+    return dict(zip(_COMM_COLUMNS, columns, strict=True))
 
 
 class _Fields:
     """One field of every Struct of a list at a time (``fields[name]``: a sequence, one value per Struct).
 
-    A batch of at most ``TRANSPOSE_ROWS`` Structs is transposed at the first access: one
-    ``msgspec.structs.astuple`` per Struct and a ``zip`` give every field at once, 1.7x faster than one
-    ``map`` per field while the Structs and their tuples stay in the CPU cache (2 500 events: 230 against
-    400 ns per event for the 17 arg fields read); larger batches are read one ``map`` per field, which
-    is faster there (27 000 events: 670 against 520 ns).
+    The Structs are transposed at the first access, ``TRANSPOSE_ROWS`` at a time: one
+    ``msgspec.structs.astuple`` per Struct and a ``zip`` give every field of a block at once while its
+    Structs and their tuples stay in the CPU cache, and each block's values are copied into one list
+    per field (a slice assignment in C). The lists then convert to Arrow in one call per column, however
+    many Structs there are.
     """
 
     def __init__(self, structs: Sequence[Any]) -> None:
@@ -387,12 +393,24 @@ class _Fields:
 
     def __getitem__(self, field: str) -> Sequence[Any]:
         if self.columns is None:
-            self.columns = {}
-            if 0 < len(self.structs) <= TRANSPOSE_ROWS:
-                names = type(self.structs[0]).__struct_fields__
-                self.columns = dict(zip(names, zip(*map(astuple, self.structs), strict=True), strict=True))
-        column = self.columns.get(field)
-        return list(map(_GET[field], self.structs)) if column is None else column
+            self.columns = _transposed(self.structs)
+        return self.columns[field]
+
+
+def _transposed(structs: Sequence[Any]) -> dict[str, Sequence[Any]]:
+    """Every field of ``structs`` (Structs of one type) as a sequence of values, one per Struct."""
+    n = len(structs)
+    if not n:
+        return dict.fromkeys(_GET, ())
+    names = type(structs[0]).__struct_fields__
+    if n <= TRANSPOSE_ROWS:
+        return dict(zip(names, zip(*map(astuple, structs), strict=True), strict=True))
+    columns: list[list[Any]] = [[None] * n for _ in names]
+    for start in range(0, n, TRANSPOSE_ROWS):
+        stop = min(start + TRANSPOSE_ROWS, n)
+        for column, values in zip(columns, zip(*map(astuple, structs[start:stop]), strict=True), strict=True):
+            column[start:stop] = values
+    return dict(zip(names, columns, strict=True))
 
 
 class _Rows:
@@ -404,11 +422,7 @@ class _Rows:
         self.fields = _Fields(args)
         self.take: pa.Array | None = None
         if len(rows) != n:
-            index = np.zeros(n, dtype=np.int64)
-            index[rows] = np.arange(len(rows))
-            missing = np.ones(n, dtype=bool)
-            missing[rows] = False
-            self.take = pa.array(index, mask=missing)
+            self.take = _spread_index(rows, n)
 
     @classmethod
     def of(cls, args: Sequence[Any], keep: np.ndarray | None, ints: Any) -> _Rows:
@@ -417,11 +431,6 @@ class _Rows:
             return cls(args, np.arange(len(args)), len(args), ints)
         rows = np.flatnonzero(keep)
         return cls(_pick(args, rows.tolist()), rows, len(args), ints)
-
-    def subset(self, keep: np.ndarray) -> _Rows:
-        """The rows of this view where ``keep`` (one flag per row of the view) is set."""
-        picked = np.flatnonzero(keep)
-        return _Rows(_pick(self.args, picked.tolist()), self.rows[picked], self.n, self.ints_of)
 
     def values(self, field: str) -> Sequence[Any]:
         return self.fields[field]
@@ -444,6 +453,15 @@ class _Rows:
 
 
 _NO_ARGS = {True: StrictArgs(), False: Args()}
+
+
+def _spread_index(rows: np.ndarray, n: int) -> pa.Array:
+    """The ``take`` index that puts the values of ``rows`` (ascending) back at those rows of ``n``, null elsewhere."""
+    index = np.zeros(n, dtype=np.int64)
+    index[rows] = np.arange(len(rows))
+    missing = np.ones(n, dtype=bool)
+    missing[rows] = False
+    return pa.array(index, mask=missing)
 
 
 def _all_none(values: Sequence[Any]) -> bool:
@@ -513,26 +531,26 @@ def _ints(values: Sequence[Any], type_: pa.DataType = _INT64) -> pa.Array:
 def _id_ints(values: Sequence[Any]) -> pa.Array:
     """``_ints`` for pid/tid, decoded as int or str (never float, which a typed conversion would
     truncate): ints convert in one C call without ``_ints``' type-inference pass (a third of its
-    cost); a str or an int beyond int64 makes the conversion fail and takes ``_ints``' path.
+    cost); an int beyond int64 makes the conversion fail and takes ``_ints``' path.
 
-    Kineto ends its complete events with the profiler's own span (pid ``"Spans"``, tid ``"PyTorch
-    Profiler"``) after integer ids: trailing strings are split off first and converted as ``_ints``
-    converts a column of ints and strings (value by value), so the ints still take one C call."""
+    A few strings among ints (Kineto ends its complete events with the profiler's own span: pid
+    ``"Spans"``, tid ``"PyTorch Profiler"``) are found by type, converted as ``_ints`` converts a
+    column of ints and strings (value by value), and the ints still take one C call; a column of
+    mostly strings (2021 traces) is ``_ints``' own case."""
     if _all_none(values):
         return pa.nulls(len(values), _INT64)
-    head = len(values)
-    while head and type(values[head - 1]) is str:
-        head -= 1
-    if 0 < head < len(values):
-        try:
-            ints = pa.array(values[:head], _INT64)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
-            return _ints(values)
-        if ints.null_count == head:  # no int at all: a column of strings (and nulls) is _ints' own case
-            return _ints(values)
-        return pa.concat_arrays([ints, pa.array(list(map(_int_or_none, values[head:])), _INT64)])
     try:
         return pa.array(values, _INT64)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    texts = np.flatnonzero(np.fromiter(map(is_, map(type, values), repeat(str)), dtype=bool, count=len(values)))
+    if not 0 < len(texts) <= len(values) // 2:
+        return _ints(values)
+    ints = list(values)
+    for i in texts.tolist():
+        ints[i] = _int_or_none(ints[i])
+    try:
+        return pa.array(ints, _INT64)
     except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
         return _ints(values)
 
