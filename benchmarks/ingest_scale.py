@@ -1,23 +1,36 @@
-"""Ingest at realistic rank sizes: MB/s per CPU-second and peak RSS from 0.3 to 7 GB, and 1 -> 2 workers.
+"""Ingest at realistic rank sizes: MB of JSON per CPU-second and peak RSS from 0.3 to 7 GB, HTA side by
+side, and 1 -> 2 workers, in one run.
 
-    python benchmarks/ingest_scale.py                        # 0.3, 1, 3, 7 GB ranks, then 8 x 1 GB ranks
-    python benchmarks/ingest_scale.py --sizes 0.3 1 --hta    # HTA side by side on each size
-    python benchmarks/ingest_scale.py --sizes 1 3 --no-run   # single ranks only
+    python benchmarks/ingest_scale.py                          # 0.3, 1, 3, 7 GB; HTA on 0.3 and 1 GB; 8 x 1 GB run
+    python benchmarks/ingest_scale.py --sizes 0.3 1 --ranks 0  # a subset, no workers run
+    python benchmarks/ingest_scale.py --sizes --rank-gb 0.3    # only the workers run, of 8 x 0.3 GB ranks
 
 Rank files are synthetic-from-real: ``--source``'s events replicated with shifted timestamps into one
-uncompressed JSON file of at least the size (``ingest_vs_hta.stress`` makes them the same way), in a
-temporary directory under ``--tmp`` that is deleted afterwards. Each case runs in a fresh process
-(``ingest_vs_hta._run_child``: CPU time of every process and peak RSS of the largest, from the kernel's
-accounting): ``trace-ingest -j1`` into a new database, parse + load and then decode. The run of 8 ranks is
-one 1 GB file without ``distributedInfo``, linked as ``rank-0.json`` ... ``rank-7.json``.
+uncompressed JSON file of at least the size, made in a temporary directory under ``--tmp`` and deleted
+after its case (nothing is kept). Every case runs in a fresh Python process, imports untimed; CPU
+seconds and peak RSS come from the kernel's accounting (``ingest_vs_hta._Usage``):
+
+- ``parse + load``: ``parse_kineto_file`` (streamed, its events spilled to Parquet, as an ingest does
+  with a rank this large) and the events ``INSERT`` of that file into a new database, committed;
+- ``with decode``: the whole ingest of the rank, ``ingest_runs`` with one worker into a new database
+  (what ``trace-ingest -j1`` runs: parse, load, decode, commit);
+- ``HTA``: ``hta.trace_analysis.TraceAnalysis(trace_dir=...)`` on a directory holding the file, for
+  the sizes of ``--hta-sizes``;
+- the workers run: ``--ranks`` links to one ``--rank-gb`` GB file without ``distributedInfo`` (ranks from
+  the names), ingested whole with 1 and 2 workers on the local process pool, then with ``--dask local``
+  when ``trace-ingest --help`` offers it. Wall time gives the speed-up; CPU counts every process of
+  the local pool (its fork server is stopped and reaped at the end), not Dask's.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import json
 import os
+import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +39,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ingest_vs_hta import STRESS_SOURCE, _run_child, machine_ceiling
+from ingest_vs_hta import STRESS_SOURCE, _measure_hta, _measure_tracecal, _Usage, machine_ceiling
+
+DEFAULT_SIZES = [0.3, 1.0, 3.0, 7.0]
+DEFAULT_HTA_SIZES = [0.3, 1.0]
 
 
 def make_rank_file(source: Path, size_gb: float, path: Path, *, distributed: bool = True) -> int:
@@ -57,50 +73,138 @@ def make_rank_file(source: Path, size_gb: float, path: Path, *, distributed: boo
     return path.stat().st_size
 
 
-def _row(label: str, size: int, r: dict[str, Any], base: float | None) -> tuple[str, float]:
-    load_rate = size / 1e6 / r["load_cpu"]
-    rate = size / 1e6 / r["cpu"]
-    versus = f"{100 * (rate / base - 1):+5.0f} %" if base else "      "
-    peak = max(r["main_rss"], r["worker_rss"])
-    return (
-        f"{label:>10s} {size / 1e9:6.2f} {r['events']:>11,} {r['load_cpu']:8.1f} {load_rate:7.1f} "
-        f"{r['load_rss'] / 1e9:7.2f} {r['cpu']:8.1f} {rate:7.1f} {versus} {peak / 1e9:7.2f} {r['wall']:7.1f}",
-        rate,
+# --- the cases, each in a fresh process ----------------------------------------------------------------
+
+
+def _measure_parse_load(path: Path) -> dict[str, Any]:
+    """Parse one rank with a spill directory and insert its events into a new database, committed."""
+    import pyarrow as pa
+
+    from tracecal.config import resolve_cache_dir
+    from tracecal.ingest.kineto import parse_kineto_file
+    from tracecal.ingest.trace import EventsFile
+    from tracecal.pipeline.ingest import INGEST_THREADS
+    from tracecal.sql.connection import open_database
+    from tracecal.sql.loaders import insert_events, insert_events_file
+
+    with tempfile.TemporaryDirectory(prefix="tracecal-scale-", dir=path.parent) as tmp:
+        usage = _Usage()
+        started = time.perf_counter()
+        parsed = parse_kineto_file(path, Path(tmp))
+        parse_cpu, parse_wall = usage.cpu_seconds(), time.perf_counter() - started
+        with open_database(Path(tmp) / "bench.duckdb", cache_dir=resolve_cache_dir(), threads=INGEST_THREADS) as con:
+            con.execute("BEGIN TRANSACTION")
+            if isinstance(parsed.events, EventsFile):
+                rows = parsed.events.rows
+                insert_events_file(con, parsed.events.path, "bench", 0)
+            else:
+                events, rows = parsed.events, parsed.events.num_rows
+                for name, column in (
+                    ("run_id", pa.repeat("bench", rows)),
+                    ("rank", pa.repeat(pa.scalar(0, pa.int32()), rows)),
+                ):
+                    events = events.set_column(events.schema.get_field_index(name), name, column)
+                insert_events(con, events)
+            con.execute("COMMIT")
+        return {
+            "events": rows,
+            "cpu": usage.cpu_seconds(),
+            "wall": time.perf_counter() - started,
+            "parse_cpu": parse_cpu,
+            "parse_wall": parse_wall,
+            "rss": usage.main_peak(),
+        }
+
+
+def _child(case: str, path: Path) -> None:
+    if case == "parse-load":
+        result = _measure_parse_load(path)
+    elif case == "hta":
+        result = _measure_hta(path, one_process=False)
+    else:  # ingest-jN or ingest-jN-dask
+        workers = int(case.removeprefix("ingest-j").removesuffix("-dask"))
+        result = _measure_tracecal(path, workers, "local" if case.endswith("-dask") else None)
+    sys.stdout.write(json.dumps(result) + "\n")
+
+
+def _run_child(case: str, path: Path) -> dict[str, Any]:
+    """One case in a fresh process; ``{"failed": last line of its error}`` when it fails."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--child", case, str(path)], capture_output=True, text=True, check=False
     )
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines() or [f"exit status {out.returncode}"]
+        return {"failed": lines[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def sizes_table(sizes: list[float], source: Path, tmp: Path, hta: bool) -> None:
+# --- the tables -----------------------------------------------------------------------------------------
+
+
+def _peak(r: dict[str, Any]) -> float:
+    return max(r.get("rss", 0), r.get("main_rss", 0), r.get("worker_rss", 0)) / 1e9
+
+
+def sizes_table(sizes: list[float], hta_sizes: list[float], source: Path, tmp: Path) -> None:
     print(
-        f"{'case':>10s} {'GB':>6s} {'events':>11s} {'load':>8s} {'MB/s':>7s} {'RSS GB':>7s} "
-        f"{'+decode':>8s} {'MB/s':>7s} {'vs 1st':>7s} {'RSS GB':>7s} {'wall s':>7s}"
+        f"{'rank':>8s} {'events':>11s} | {'parse + load':>12s} {'MB/s/CPU-s':>10s} {'peak RSS':>8s} | "
+        f"{'with decode':>11s} {'MB/s/CPU-s':>10s} {'vs 1st':>6s} {'peak RSS':>8s} {'wall s':>7s}"
     )
     base: float | None = None
+    hta_lines = []
     for size_gb in sizes:
         run = tmp / f"rank_{size_gb:g}GB"
         run.mkdir()
         path = run / "rank-0.json"
-        started = time.perf_counter()
         size = make_rank_file(source, size_gb, path)
-        made = time.perf_counter() - started
-        line, rate = _row(f"{size_gb:g} GB", size, _run_child("tracecal-j1", path), base)
+        mb = size / 1e6
+        load = _run_child("parse-load", path)
+        whole = _run_child("ingest-j1", path)
+        for label, r in (("parse + load", load), ("with decode", whole)):
+            if "failed" in r:
+                sys.exit(f"{label} of the {size / 1e9:.2f} GB rank failed: {r['failed']}")
+        rate = mb / whole["cpu"]
         base = base or rate
-        print(line + f"   (file made in {made:.0f} s)", flush=True)
-        if hta:
-            h = _run_child("hta", path)
+        print(
+            f"{size / 1e9:5.2f} GB {load['events']:>11,} | {load['cpu']:10.1f} s {mb / load['cpu']:10.1f} "
+            f"{_peak(load):5.2f} GB | {whole['cpu']:9.1f} s {rate:10.1f} {100 * (rate / base - 1):+5.0f}% "
+            f"{_peak(whole):5.2f} GB {whole['wall']:7.1f}",
+            flush=True,
+        )
+        if any(abs(size_gb - h) < 1e-9 for h in hta_sizes):
+            h = _run_child("hta", run)
             if "failed" in h:
-                print(f"{'HTA':>10s} failed: {h['failed'][:100]}", flush=True)
+                hta_lines.append(f"{size / 1e9:5.2f} GB  HTA failed: {h['failed'][:100]}")
             else:
-                print(
-                    f"{'HTA':>10s} {size / 1e9:6.2f} {h['events']:>11,} {h['cpu']:8.1f} {size / 1e6 / h['cpu']:7.1f} "
-                    f"{max(h['main_rss'], h['worker_rss']) / 1e9:7.2f}   (TraceAnalysis; tracecal is "
-                    f"{h['cpu'] / (size / 1e6 / rate):.1f}x faster per CPU-second with decode)",
-                    flush=True,
+                hta_lines.append(
+                    f"{size / 1e9:5.2f} GB {h['events']:>11,} | {h['cpu']:8.1f} s {mb / h['cpu']:10.1f} "
+                    f"{_peak(h):5.2f} GB | {h['cpu'] / load['cpu']:8.1f}x {h['cpu'] / whole['cpu']:10.1f}x "
+                    f"{_peak(h) / _peak(whole):9.1f}x"
                 )
         shutil.rmtree(run)
     print(
-        "load: parse + load CPU-s (all processes); MB/s: MB of JSON per CPU-second; RSS: peak of the largest "
-        "process;\n+decode: the whole ingest with decode; vs 1st: its MB/s per CPU-second against the first size"
+        "MB/s/CPU-s: MB of JSON per CPU-second (every process); peak RSS: the largest process; with decode: the\n"
+        "whole ingest (parse, load, decode, commit); vs 1st: its MB/s per CPU-second against the first size"
     )
+    if hta_lines:
+        print(
+            f"\n{'rank':>8s} {'HTA rows':>11s} | {'HTA CPU':>10s} {'MB/s/CPU-s':>10s} {'peak RSS':>8s} | "
+            f"{'HTA CPU ÷ parse + load':>22s} {'÷ with decode':>13s} {'RSS ÷ ours':>10s}"
+        )
+        print("\n".join(hta_lines))
+        print("HTA: TraceAnalysis(trace_dir=...) on the same file, its rows the DataFrame's (every event kept)")
+
+
+def _dask_offered() -> str | None:
+    """None when ``trace-ingest --help`` shows ``--dask``, else why the Dask case is skipped."""
+    out = subprocess.run(
+        [sys.executable, "-c", "from tracecal.cli.ingest import main; main()", "--help"],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    return None if "--dask" in out.stdout else "trace-ingest has no --dask option here"
 
 
 def workers_table(ranks: int, size_gb: float, source: Path, tmp: Path) -> None:
@@ -110,41 +214,61 @@ def workers_table(ranks: int, size_gb: float, source: Path, tmp: Path) -> None:
     size = make_rank_file(source, size_gb, one, distributed=False)
     for rank in range(ranks):
         os.symlink(one, run / f"rank-{rank}.json")
-    results = {j: _run_child(f"tracecal-j{j}", run) for j in (1, 2)}
-    for j, r in results.items():
-        print(
-            f"-j{j}: {ranks} x {size / 1e9:.2f} GB: parse + load {r['load']:.1f} s wall, {r['load_cpu']:.1f} CPU-s; "
-            f"with decode {r['wall']:.1f} s wall, {r['cpu']:.1f} CPU-s "
-            f"({ranks * size / 1e6 / r['cpu']:.1f} MB/s per CPU-second); peak RSS main "
-            f"{r['main_rss'] / 1e9:.2f} GB, largest worker {r['worker_rss'] / 1e9:.2f} GB",
-            flush=True,
-        )
-    j1, j2 = results[1], results[2]
-    print(
-        f"1 -> 2 workers: parse + load {j1['load'] / j2['load']:.2f}x, with decode {j1['wall'] / j2['wall']:.2f}x "
-        f"(wall); two processes of pure-Python work on this machine now: {machine_ceiling():.2f}x"
-    )
+    total_mb = ranks * size / 1e6
+    executors = [("local", "")]
+    skip = _dask_offered()
+    if skip is None:
+        executors.append(("dask local", "-dask"))
+    for name, suffix in executors:
+        results = {j: _run_child(f"ingest-j{j}{suffix}", run) for j in (1, 2)}
+        failed = [f"-j{j}: {r['failed'][:120]}" for j, r in results.items() if "failed" in r]
+        if failed:
+            print(f"{name}: failed ({'; '.join(failed)})", flush=True)
+            continue
+        for j, r in results.items():
+            cpu = (
+                f"{r['cpu']:.1f} CPU-s ({total_mb / r['cpu']:.1f} MB/s per CPU-s)" if not suffix else "CPU not counted"
+            )
+            print(
+                f"{name} -j{j}: {ranks} x {size / 1e9:.2f} GB: {r['wall']:.1f} s wall, {cpu}; "
+                f"peak RSS main {r['main_rss'] / 1e9:.2f} GB, largest worker {r['worker_rss'] / 1e9:.2f} GB",
+                flush=True,
+            )
+        print(f"{name} 1 -> 2 workers: {results[1]['wall'] / results[2]['wall']:.2f}x (wall, whole ingest)", flush=True)
+    if skip is not None:
+        print(f"dask local: skipped ({skip})")
+    print(f"two processes of pure-Python work on this machine now: {machine_ceiling():.2f}x")
     shutil.rmtree(run)
     one.unlink()
 
 
 def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        _child(sys.argv[2], Path(sys.argv[3]))
+        return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=float, nargs="*", default=[0.3, 1.0, 3.0, 7.0], help="rank sizes, GB")
+    parser.add_argument("--sizes", type=float, nargs="*", default=DEFAULT_SIZES, help="rank sizes, GB")
+    parser.add_argument("--hta-sizes", type=float, nargs="*", default=DEFAULT_HTA_SIZES, help="of --sizes, run HTA on")
     parser.add_argument("--ranks", type=int, default=8, help="ranks of the 1 -> 2 workers run (0: none)")
     parser.add_argument("--rank-gb", type=float, default=1.0, help="size of each rank of that run")
-    parser.add_argument("--no-run", action="store_true", help="single ranks only")
-    parser.add_argument("--hta", action="store_true", help="HTA's TraceAnalysis on each size too")
     parser.add_argument("--source", type=Path, default=STRESS_SOURCE, help="real trace the files replicate")
     parser.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()), help="where the files are made")
     args = parser.parse_args()
     free = shutil.disk_usage(args.tmp).free / 1e9
-    need = max([*args.sizes, 0.0]) * 1.3 + (0 if args.no_run else args.rank_gb * 1.3 * args.ranks)
-    print(f"{free:.0f} GB free in {args.tmp}; the largest case needs about {need:.0f} GB (JSON, database)")
+    need = max([*args.sizes, args.rank_gb if args.ranks else 0.0]) * 1.3
+    print(
+        f"{free:.0f} GB free in {args.tmp}; the largest case needs about {need:.1f} GB (JSON, spill, database); "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; peak RSS of this process so far "
+        f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB",
+        flush=True,
+    )
+    if free < need:
+        sys.exit(f"not enough space in {args.tmp}: pass --tmp on a larger filesystem")
     with tempfile.TemporaryDirectory(prefix="tracecal-scale-", dir=args.tmp) as tmp:
         if args.sizes:
-            sizes_table(args.sizes, args.source, Path(tmp), args.hta)
-        if not args.no_run and args.ranks:
+            sizes_table(args.sizes, args.hta_sizes, args.source, Path(tmp))
+        if args.ranks:
+            print()
             workers_table(args.ranks, args.rank_gb, args.source, Path(tmp))
 
 

@@ -3,15 +3,15 @@
     K=../shared/data/traces/kineto
     python benchmarks/ingest_vs_hta.py --repeat 3 $K/dlrm_8rank $K/sampled_2_of_128 $K/single/*.gz
     python benchmarks/ingest_vs_hta.py --scaling 8                 # 1 vs 2 workers on 8 copies of a 30 MB rank
-    python benchmarks/ingest_vs_hta.py --stress --size-gb 1.0      # synthetic >= 1 GB rank from a real trace
     python benchmarks/ingest_vs_hta.py --end-to-end --repeat 5 $K/dlrm_8rank  # whole commands, imports included
 
 For each run (a directory of rank traces, or one trace file), each case runs in a fresh Python
 process (imports excluded from the timing); CPU time and peak RSS come from the kernel's accounting
 (``getrusage``, ``/proc``), so that measuring adds nothing to the measured process (see ``_Usage``):
 - ``tracecal -j1``: ``ingest_runs`` with one worker into a new database (made and opened as
-  trace-ingest does: from the cached empty-database template, DuckDB on one thread) — parse + load, then the
-  decode step (operators, collectives, iterations) reported separately;
+  trace-ingest does: from the cached empty-database template, DuckDB on one thread) — parse + load (with
+  the per-rank half of decode, which runs where each rank is parsed), then the run-wide decode step
+  reported separately;
 - ``tracecal -j2``: the same with two worker processes (runs with several files only);
 - ``hta``: ``TraceAnalysis(trace_dir=...)`` on a directory of links to the same files (HTA parses
   several ranks with a process pool of min(cores, ranks));
@@ -23,8 +23,7 @@ largest worker, and the ratio HTA / tracecal (parse + load, and end to end with 
 ``--end-to-end`` times what a user waits for instead: the whole ``trace-ingest -j1`` command (Python
 start, imports, parse, load, decode, commit) against a whole Python process that imports HTA and
 loads the traces as ``TraceAnalysis`` does, in one process, alternated, each in a fresh process.
-``--stress`` replicates a real trace's events with shifted timestamps into one uncompressed file of at
-least ``--size-gb`` GB in a temporary directory (deleted afterwards, never committed) and ingests it.
+Ranks of realistic size (0.3-7 GB), synthetic-from-real, and HTA on them: ``ingest_scale.py``.
 """
 
 from __future__ import annotations
@@ -98,34 +97,39 @@ class _Usage:
         return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 
 
-def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
+def stop_forkserver() -> None:
+    """Stop multiprocessing's fork server, if one was started, and reap it: the CPU of the worker
+    processes it forked (and reaped) then counts in ``RUSAGE_CHILDREN``, and their peak RSS in its
+    ``ru_maxrss``. (``_stop`` is the standard library's own way to stop it, used by its tests.)"""
+    from multiprocessing import forkserver
+
+    server: Any = getattr(forkserver, "_forkserver", None)
+    if server is not None and getattr(server, "_forkserver_pid", None) is not None:
+        server._stop()
+
+
+def _measure_tracecal(run: Path, workers: int, dask: str | None = None) -> dict[str, Any]:
     import importlib
 
-    # The parser, then DuckDB, polars and the loader imported untimed; worker processes start
-    # inside the ingest, so their start is part of its time.
-    for module in ("tracecal.ingest.kineto", "pyarrow.vendored.version"):
-        importlib.import_module(module)  # imported before timing, as HTA's are
-    usage = _Usage()
-    started = time.perf_counter()
-    fork_wall, fork_cpu = 0.0, 0.0
-    importing = time.perf_counter(), usage.cpu_seconds()  # this process only: the helpers warm up meanwhile
-    for module in ("tracecal.pipeline.decode", "tracecal.sql.connection", "tracecal.pipeline.ingest", "polars"):
+    # The parser, DuckDB, polars and the loader imported first (untimed, as HTA's imports are).
+    for module in ("tracecal.ingest.kineto", "tracecal.ingest.executors", "pyarrow.vendored.version", "polars"):
         importlib.import_module(module)
     from tracecal.config import resolve_cache_dir
     from tracecal.pipeline import ingest as pipeline_ingest
     from tracecal.sql.connection import open_database
 
-    import_wall, import_cpu = time.perf_counter() - importing[0], usage.cpu_seconds() - importing[1]
+    usage = _Usage()
+    started = time.perf_counter()
     decode_stored_run = pipeline_ingest.decode_stored_run
-    marks: list[tuple[float, int]] = []  # (CPU s, peak RSS so far) when open, and when decoding starts
+    marks: list[tuple[float, int]] = []  # (CPU s, peak RSS so far) when open, and when the run-wide decode starts
 
     def mark_then_decode(*args: Any, **kwargs: Any) -> Any:
-        marks.append((usage.cpu_seconds(_worker_pids()), usage.main_peak()))  # parse + load (every insert) done
+        marks.append((usage.cpu_seconds(), usage.main_peak()))  # parse + load (+ per-rank decode) done
         return decode_stored_run(*args, **kwargs)
 
     pipeline_ingest.decode_stored_run = mark_then_decode
     flush = pipeline_ingest._StoredRanks.flush
-    inserting = [0.0]  # wall seconds in the events INSERTs: work only this process can do
+    inserting = [0.0]  # wall seconds in the events INSERTs from Arrow: work only this process does
 
     def timed_flush(self: Any) -> None:
         at = time.perf_counter()
@@ -133,33 +137,30 @@ def _measure_tracecal(run: Path, workers: int) -> dict[str, Any]:
         inserting[0] += time.perf_counter() - at
 
     pipeline_ingest._StoredRanks.flush = timed_flush  # type: ignore[method-assign]
+    options = pipeline_ingest.IngestOptions(workers=workers, dask=dask)
     with tempfile.TemporaryDirectory() as tmp:
         database = Path(tmp) / "bench.duckdb"
         with open_database(database, cache_dir=resolve_cache_dir(), threads=pipeline_ingest.INGEST_THREADS) as con:
-            marks.append((usage.cpu_seconds(_worker_pids()), usage.main_peak()))
-            report = pipeline_ingest.ingest_runs(con, [run], pipeline_ingest.IngestOptions(workers=workers))
-        wall = time.perf_counter() - started - import_wall
-        cpu = usage.cpu_seconds() - import_cpu  # the helpers are reaped now
+            marks.append((usage.cpu_seconds(), usage.main_peak()))
+            report = pipeline_ingest.ingest_runs(con, [run], options)
+        wall = time.perf_counter() - started
+        stop_forkserver()
+        cpu = usage.cpu_seconds()  # the workers are reaped now (Dask's too, once its cluster is closed)
     (result,) = report.runs
     return {
         "wall": wall,
-        "load": result.load_seconds + fork_wall,  # starting the helpers is part of parse + load
+        "load": result.load_seconds,
         "insert": inserting[0],
         "decode": result.decode_seconds,
         "events": result.events,
         "ranks": result.ranks,
         "source_bytes": result.source_bytes,
         "cpu": cpu,
-        "load_cpu": marks[-1][0] - marks[0][0] + fork_cpu,
+        "load_cpu": marks[-1][0] - marks[0][0],  # with workers: this process only
         "load_rss": marks[-1][1],
         "main_rss": usage.main_peak(),
         "worker_rss": usage.worker_peak(),
     }
-
-
-def _worker_pids() -> list[int]:
-    """The live worker processes of this process (tracecal's pool and its fork server)."""
-    return [child.pid for child in psutil.Process().children(recursive=True)]
 
 
 def _measure_hta(run: Path, one_process: bool) -> dict[str, Any]:
@@ -444,52 +445,6 @@ def end_to_end(paths: list[Path], repeat: int, with_hta: bool) -> None:
     )
 
 
-def stress(size_gb: float, source: Path, keep: bool) -> None:
-    """Replicate ``source``'s events with shifted timestamps into one >= size_gb GB file; ingest it."""
-    import orjson
-
-    with gzip.open(source, "rb") as handle:
-        document = orjson.loads(handle.read())
-    events = document.pop("traceEvents")
-    stamped = [e for e in events if isinstance(e.get("ts"), (int, float))]
-    span = max(e["ts"] + e.get("dur", 0) for e in stamped) - min(e["ts"] for e in stamped)
-    head = orjson.dumps(document)[:-1] + b', "traceEvents": ['
-    target = int(size_gb * 1e9)
-    tmp = Path(tempfile.mkdtemp(prefix="tracecal-stress-"))
-    path = tmp / "rank-0.json"
-    written = 0
-    started = time.perf_counter()
-    with path.open("wb") as out:
-        out.write(head)
-        copy = 0
-        while written < target:
-            shift = round(copy * (span + 1000.0), 3)
-            chunk = orjson.dumps([{**e, "ts": round(e["ts"] + shift, 3)} if "ts" in e else e for e in events])
-            if copy:
-                out.write(b",")
-            out.write(chunk[1:-1])
-            written += len(chunk)
-            copy += 1
-        out.write(b"]}")
-    size = path.stat().st_size
-    print(
-        f"stress file: {path} {size / 1e9:.2f} GB, {copy} copies of {source.name} "
-        f"({len(events) * copy:,} events), written in {time.perf_counter() - started:.0f} s"
-    )
-    try:
-        r = _run_child("tracecal-j1", path)
-        print(
-            f"tracecal -j1: {r['events']:,} events; parse + load {r['load']:.1f} s wall, {r['load_cpu']:.1f} s CPU "
-            f"({size / 1e6 / r['load_cpu']:.1f} MB/s per CPU second), peak RSS {r['load_rss'] / 1e9:.2f} GB "
-            f"= {r['load_rss'] / size:.2f}x the file; with decode: {r['wall']:.1f} s wall, {r['cpu']:.1f} s CPU, "
-            f"peak RSS {r['main_rss'] / 1e9:.2f} GB"
-        )
-    finally:
-        if not keep:
-            path.unlink()
-            tmp.rmdir()
-
-
 def scaling(copies: int, source: Path, repeat: int) -> None:
     """1 vs 2 workers on a run of ``copies`` links to one real trace (ranks from the link names)."""
     with tempfile.TemporaryDirectory(prefix="tracecal-scaling-") as tmp:
@@ -509,10 +464,6 @@ def main() -> None:
     parser.add_argument("--no-hta", action="store_true", help="tracecal only")
     parser.add_argument("--repeat", type=int, default=1, help="runs per case; the least-CPU one is shown")
     parser.add_argument("--end-to-end", action="store_true", help="whole commands in fresh processes (see above)")
-    parser.add_argument("--stress", action="store_true", help="ingest a synthetic-from-real >= --size-gb file")
-    parser.add_argument("--size-gb", type=float, default=1.0)
-    parser.add_argument("--source", type=Path, default=STRESS_SOURCE, help="real trace replicated by --stress")
-    parser.add_argument("--keep", action="store_true", help="keep the stress file")
     parser.add_argument("--scaling", type=int, metavar="N", help="1 vs 2 workers on N copies of --scaling-source")
     parser.add_argument(
         "--scaling-source", type=Path, default=SHARED_KINETO / "single" / "v100_resnet50_2021_schema.pt.trace.json.gz"
@@ -524,10 +475,8 @@ def main() -> None:
         compare(args.runs, with_hta=not args.no_hta, repeat=args.repeat)
     if args.scaling:
         scaling(args.scaling, args.scaling_source, args.repeat)
-    if args.stress:
-        stress(args.size_gb, args.source, args.keep)
-    if not args.runs and not args.stress and not args.scaling:
-        parser.error("give run directories / trace files, --scaling N or --stress")
+    if not args.runs and not args.scaling:
+        parser.error("give run directories / trace files or --scaling N (large ranks: ingest_scale.py)")
 
 
 if __name__ == "__main__":
