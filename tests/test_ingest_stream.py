@@ -152,3 +152,22 @@ def test_a_run_of_spilled_ranks_stores_the_rows_of_held_ones(tmp_path: Path, mon
         dbs.append(_rows(db))
     assert dbs[0] == dbs[1]
     assert len(dbs[0]["events"]) > 10_000 and dbs[0]["operators"]
+
+
+def test_values_of_earlier_chunks_stay_intact_while_they_are_kept(tmp_path: Path, streamed: None) -> None:
+    """The window's buffers are reused only when no decoded value points into them: a consumer that
+    keeps every chunk's events (their raw ``Input Dims`` slices point into the buffers) reads them intact."""
+    from functools import partial
+
+    from tracecal.ingest.kineto_events import decode_events
+
+    events = [
+        {"ph": "X", "cat": "cpu_op", "name": f"op{i}", "ts": i, "dur": 1, "args": {"Input Dims": [[i, i + 1]]}}
+        for i in range(400)
+    ]
+    path = _write(tmp_path / "t.json", json.dumps({"traceEvents": events}))
+    data = path.read_bytes()
+    blocks = iter([data[i : i + 700] for i in range(700, len(data), 700)])
+    _, chunks = event_chunks.open_document(path, data[:700], blocks, partial(decode_events, path))
+    kept = [event for _, decoded, _ in chunks for event in decoded]  # every chunk held to the end
+    assert [json.loads(bytes(e.args.input_dims)) for e in kept] == [[[i, i + 1]] for i in range(400)]
