@@ -100,3 +100,25 @@ def test_dask_without_dask_installed_says_how_to_install_it(tmp_path: Path, monk
     (line,) = result.output.strip().splitlines()
     assert "pip install 'tracecal[dask]'" in line
     assert not (tmp_path / "t.duckdb").exists()  # said before anything was opened
+
+
+def test_dask_tasks_get_absolute_paths_because_a_workers_directory_is_not_the_loaders() -> None:
+    """A trace file (or a shard directory) given relative to the loader reaches the worker absolute."""
+    from tracecal.ingest.dask_cluster import DaskExecutor
+    from tracecal.ingest.discover import TraceFile
+
+    class Client:
+        submitted: tuple = ()
+
+        def nthreads(self) -> dict[str, int]:
+            return {"w": 1}
+
+        def submit(self, fn: Callable, *args: object, pure: bool) -> None:
+            self.submitted = args
+
+    client = Client()
+    relative = TraceFile(path=Path("runs/r/rank-0.json"), format="kineto", path_rank=0, size_bytes=1)
+    DaskExecutor(client, 1).submit(print, relative, Path("shards"), True)
+    trace_file, shard_dir, crosses = client.submitted
+    assert trace_file == TraceFile(Path.cwd() / "runs/r/rank-0.json", "kineto", 0, 1)
+    assert shard_dir == Path.cwd() / "shards" and crosses is True

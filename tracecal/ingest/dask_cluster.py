@@ -7,11 +7,13 @@ which must therefore be a filesystem the workers and the loader share; so must t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from tracecal.errors import TracecalError
+from tracecal.ingest.discover import TraceFile
 
 INSTALL_HINT = "--dask needs Dask, which is not installed: pip install 'tracecal[dask]'"
 
@@ -39,8 +41,7 @@ class DaskExecutor:
 
     def submit(self, fn: Callable[..., Any], /, *args: Any) -> Any:
         # Absolute paths: a worker's working directory is not the loader's.
-        args = tuple(arg.absolute() if isinstance(arg, Path) else arg for arg in args)
-        return self.client.submit(fn, *args, pure=False)
+        return self.client.submit(fn, *(_absolute(arg) for arg in args), pure=False)
 
     def wait_first(self, futures: Collection[Any]) -> Collection[Any]:
         done: Collection[Any] = self._distributed.wait(list(futures), return_when="FIRST_COMPLETED").done
@@ -53,6 +54,15 @@ class DaskExecutor:
         self.client.close()
         if self._cluster is not None:
             self._cluster.close()
+
+
+def _absolute(arg: Any) -> Any:
+    """A path (or a trace file's path) made absolute; any other argument as it is."""
+    if isinstance(arg, Path):
+        return arg.absolute()
+    if isinstance(arg, TraceFile):
+        return dataclasses.replace(arg, path=arg.path.absolute())
+    return arg
 
 
 def dask_executor(target: str, workers: int) -> DaskExecutor:
