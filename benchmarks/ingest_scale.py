@@ -28,6 +28,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import resource
 import shutil
 import subprocess
@@ -58,6 +59,7 @@ def make_rank_file(source: Path, size_gb: float, path: Path, *, distributed: boo
         document.pop("distributedInfo", None)
     stamped = [e for e in events if isinstance(e.get("ts"), (int, float))]
     span = max(e["ts"] + e.get("dur", 0) for e in stamped) - min(e["ts"] for e in stamped)
+    strides = _id_strides(events)
     target = int(size_gb * 1e9)
     written = 0
     with path.open("wb") as out:
@@ -65,12 +67,59 @@ def make_rank_file(source: Path, size_gb: float, path: Path, *, distributed: boo
         copy = 0
         while written < target:
             shift = round(copy * (span + 1000.0), 3)
-            chunk = orjson.dumps([{**e, "ts": round(e["ts"] + shift, 3)} if "ts" in e else e for e in events])
+            chunk = orjson.dumps([_copied(e, copy, shift, strides) for e in events])
             out.write((b"," if copy else b"") + chunk[1:-1])
             written += len(chunk)
             copy += 1
         out.write(b"]}")
     return path.stat().st_size
+
+
+ID_ARGS = (
+    "correlation",
+    "External id",
+    "Record function id",
+    "Sequence number",
+    "Ev Idx",
+    "Python id",
+    "Python parent id",
+)
+"""Event args that identify an event or link two: each copy gets its own range of them, as a longer
+capture would (a repeated correlation id would link every copy's kernels to the first copy's launch)."""
+_STEP = re.compile(r"^ProfilerStep#(\d+)$")
+
+
+def _id_strides(events: list[dict[str, Any]]) -> dict[str, int]:
+    """Per id arg (and ``ProfilerStep`` number, and flow ``id``), one more than its largest value."""
+    strides = dict.fromkeys([*ID_ARGS, "step", "flow"], 1)
+    for e in events:
+        for key, value in (e.get("args") or {}).items():
+            if key in strides and isinstance(value, int):
+                strides[key] = max(strides[key], value + 1)
+        if isinstance(e.get("id"), int):
+            strides["flow"] = max(strides["flow"], e["id"] + 1)
+        step = _STEP.match(str(e.get("name", "")))
+        if step:
+            strides["step"] = max(strides["step"], int(step.group(1)) + 1)
+    return strides
+
+
+def _copied(event: dict[str, Any], copy: int, shift: float, strides: dict[str, int]) -> dict[str, Any]:
+    """``event`` as it appears in copy ``copy``: shifted in time, with ids and step numbers of its own."""
+    if not copy:
+        return event
+    out = dict(event)
+    if "ts" in out:
+        out["ts"] = round(out["ts"] + shift, 3)
+    args = out.get("args")
+    if isinstance(args, dict):
+        out["args"] = {k: v + copy * strides[k] if k in ID_ARGS and isinstance(v, int) else v for k, v in args.items()}
+    if isinstance(out.get("id"), int):
+        out["id"] += copy * strides["flow"]
+    step = _STEP.match(str(out.get("name", "")))
+    if step:
+        out["name"] = f"ProfilerStep#{int(step.group(1)) + copy * strides['step']}"
+    return out
 
 
 # --- the cases, each in a fresh process ----------------------------------------------------------------

@@ -32,6 +32,10 @@ from tracecal.pipeline.decode import RankParts, decode_rank_parts
 from tracecal.schema import OPERATORS, arrow_schema
 from tracecal.sql.loaders import SHARD_RUN_ID, shard_as_events
 
+WORKER_DUCKDB_MEMORY = "1GB"
+"""Memory a worker's DuckDB may hold (its whole-rank queries, such as the window sizes and the intervals
+that cross a window start, spill beyond it), so that a worker's memory does not grow with its rank."""
+
 
 @dataclass(frozen=True)
 class DecodePlan:
@@ -104,7 +108,14 @@ def _decode(parsed: ParsedRank, rank: int, source: str, plan: DecodePlan) -> Dec
     assert isinstance(events, EventsFile)  # parse_for_loader(..., every_rank_to_shard=True)
     layout = assumed_layout(plan, parsed)
     sink = _OperatorShard(events.path.with_name(f"{events.path.stem}.operators.parquet"))
-    con = duckdb.connect(config={"threads": 1})
+    con = duckdb.connect(
+        config={
+            "threads": 1,
+            "memory_limit": WORKER_DUCKDB_MEMORY,
+            "temp_directory": str(events.path.parent),  # the shard's own directory, removed with it
+            "enable_external_file_cache": False,  # the shard is read a window at a time: caching it whole defeats that
+        }
+    )
     try:
         shard_as_events(con, events.path, rank)
         parts = decode_rank_parts(
