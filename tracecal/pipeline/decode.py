@@ -42,7 +42,6 @@ from tracecal.sql.loaders import (
     event_counts,
     event_names,
     events_per_start,
-    has_derived_rows,
     insert_frame,
     launch_lags,
     mark_run,
@@ -243,12 +242,23 @@ def _read_bounds(lo: int | None, hi: int | None, min_lag: int | None, max_lag: i
     }
 
 
-def _layout(con: duckdb.DuckDBPyConnection, run_id: str, marker: str, fresh: bool) -> tuple[ParallelLayout, bool]:
-    """Record the iteration marker and read the run's layout, and whether it already has derived
-    rows (a re-decode; not asked when ``fresh``: a first decode inside ingest has no rows to delete)."""
+def _layout(con: duckdb.DuckDBPyConnection, run_id: str, marker: str) -> ParallelLayout:
+    """Record the iteration marker in the run's row and read the run's layout from it."""
     world, pp, tp, dp, nodes, gpn = mark_run(con, run_id, marker)
-    derived = False if fresh else has_derived_rows(con, run_id)
-    return ParallelLayout(pp=pp, tp=tp, dp=dp, nodes=nodes, gpus_per_node=gpn, world_size=world), derived
+    return ParallelLayout(pp=pp, tp=tp, dp=dp, nodes=nodes, gpus_per_node=gpn, world_size=world)
+
+
+@dataclass(frozen=True)
+class JustStored:
+    """What the loader knows of a run it has just stored in this transaction (its old rows deleted).
+
+    Attributes:
+        layout: the layout (with world size) its ``runs`` row holds, written with the marker decode uses.
+        decoded: the ranks workers decoded with that layout (operators stored, parts kept).
+    """
+
+    layout: ParallelLayout
+    decoded: Mapping[int, RankParts]
 
 
 @dataclass
@@ -355,7 +365,7 @@ def decode_stored_run(
     *,
     iteration_marker: str | None = None,
     on_rank: Callable[[int], None] | None = None,
-    decoded: Mapping[int, RankParts] | None = None,
+    stored: JustStored | None = None,
 ) -> DecodeSummary:
     """Decode the run's stored events into ``operators``, ``collectives`` and ``iterations``.
 
@@ -366,9 +376,8 @@ def decode_stored_run(
         run_id: a run whose ``runs``, ``ranks`` and ``events`` rows are stored.
         iteration_marker: regex delimiting iterations; None means ``ProfilerStep#N``.
         on_rank: called with each rank after its batch is decoded (progress reporting).
-        decoded: ranks whose per-rank half a worker did with the run's layout and this marker
-            (their operators are stored already): only the cross-rank half is left for them. Given
-            inside ingest, right after the run's rows were replaced (no derived rows to delete).
+        stored: given by the loader inside ingest, right after it replaced the run's rows: the
+            layout its ``runs`` row holds (not read back) and the ranks workers decoded.
 
     Raises:
         RunNotFoundError: the run is not in the database.
@@ -376,12 +385,14 @@ def decode_stored_run(
     """
     started = time.perf_counter()
     marker = check_marker(iteration_marker)
-    layout, derived = _layout(con, run_id, marker, fresh=decoded is not None)
-    if derived:
+    if stored is not None:  # the loader wrote the runs row with this marker and deleted the old rows
+        layout = stored.layout
+    else:
+        layout = _layout(con, run_id, marker)
         delete_derived_rows(con, run_id)
     sizes = event_counts(con, run_id)
     ranks = [r for r, _ in sizes]
-    done = dict(decoded or {})
+    done = dict(stored.decoded) if stored is not None else {}
     parts = decode_rank_parts(
         con,
         run_id,

@@ -46,7 +46,7 @@ from tracecal.ingest.executors import FileExecutor, InProcess, OnError, Parsing,
 from tracecal.ingest.reconstruct import RebuiltRun, rebuild_run
 from tracecal.ingest.shards import count_kernels
 from tracecal.ingest.trace import EventsFile, ParsedRank
-from tracecal.pipeline.decode import DecodeSummary, RankParts, check_marker, decode_stored_run
+from tracecal.pipeline.decode import DecodeSummary, JustStored, RankParts, check_marker, decode_stored_run
 from tracecal.pipeline.rank_decode import DecodedRank, DecodePlan, parse_and_decode
 from tracecal.schema import RANKS, RUNS, arrow_schema
 from tracecal.sql.loaders import (
@@ -319,6 +319,7 @@ def _ingest_run(
                 arrow_schema(RUNS),
                 [_run_row(run_id, run, options, layout, world_size, len(stored.rows), load_seconds)],
             )
+            run_layout = replace(layout, world_size=world_size)
 
             # Step 4: the cross-rank half of decoding (and the per-rank half of the ranks no worker
             # decoded, or decoded with a layout the whole run contradicts) inside the run's transaction.
@@ -326,7 +327,7 @@ def _ingest_run(
                 con,
                 run_id,
                 iteration_marker=options.iteration_marker,
-                decoded=stored.decoded_with(replace(layout, world_size=world_size)),
+                stored=JustStored(run_layout, stored.decoded_with(run_layout)),
             )
         finally:
             stored.threads.restore()

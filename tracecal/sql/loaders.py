@@ -153,18 +153,6 @@ def mark_run(con: duckdb.DuckDBPyConnection, run_id: str, marker: str) -> tuple[
     return tuple(row[0])
 
 
-def has_derived_rows(con: duckdb.DuckDBPyConnection, run_id: str) -> bool:
-    """The run already has rows in ``operators``, ``collectives`` or ``iterations``."""
-    return bool(
-        con.execute(
-            f"SELECT EXISTS (SELECT 1 FROM {OPERATORS.name} WHERE run_id = $1) "
-            f"OR EXISTS (SELECT 1 FROM {COLLECTIVES.name} WHERE run_id = $1) "
-            f"OR EXISTS (SELECT 1 FROM {ITERATIONS.name} WHERE run_id = $1)",
-            [run_id],
-        ).fetchall()[0][0]
-    )
-
-
 def delete_derived_rows(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
     """Delete the run's rows of ``operators``, ``collectives`` and ``iterations``."""
     for table in DERIVED_TABLES:
