@@ -77,8 +77,8 @@ def parse_and_decode(
 ) -> list[ParsedRank | DecodedRank]:
     """Parse ``trace_file`` into shards and decode each of its ranks (``FileTask`` with a plan bound).
 
-    A rank whose global rank the file and its path do not tell is returned parsed only: the loader
-    reports it as it reports every rank conflict.
+    A rank whose global rank the file and its path do not tell is returned parsed only (the loader
+    reports it as it reports every rank conflict), as is a rank without events.
 
     Raises:
         TracecalError: the file is not a readable trace (its message names the file).
@@ -91,7 +91,9 @@ def parse_and_decode(
         except RankConflictError:
             out.append(parsed)
             continue
-        out.append(_decode(parsed, rank, source, plan))
+        assert isinstance(parsed.events, EventsFile)  # parse_for_loader(..., every_rank_to_shard=True)
+        # a rank without events has nothing to decode (the loader still stores its ranks row)
+        out.append(_decode(parsed, rank, source, plan) if parsed.events.rows else parsed)
     return out
 
 
