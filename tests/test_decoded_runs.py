@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import shutil
 from collections import Counter
@@ -155,8 +156,106 @@ def test_a_log_without_its_argument_dump_is_refused(tmp_path: Path) -> None:
     run = _copy_run(tmp_path)
     log = next((run / "31664313").glob("*.log"))
     log.write_text("\n".join(ln for ln in log.read_text().splitlines() if "....." not in ln))
-    with open_database(tmp_path / "bad.duckdb") as con, pytest.raises(TraceFormatError, match="argument"):
+    with open_database(tmp_path / "bad.duckdb") as con, pytest.raises(InputNotFoundError, match="argument dump"):
         ingest_runs(con, [run])
+
+
+@pytest.mark.parametrize(
+    ("remove", "named"),
+    [
+        (["1"], ["kernel tables 1/ (fwd, bwd, encoder_fwd, encoder_bwd, reduce_grads, optimizer_step.csv)"]),
+        (["0", "1", "2"], ["kernel tables 0/", "kernel tables 1/", "kernel tables 2/"]),
+        (["2/fwd.csv", "2/optimizer_step.csv"], ["kernel tables 2/fwd.csv, 2/optimizer_step.csv"]),
+        (["*.log"], ["the GPT-NeoX log (*.log"]),
+        (["0", "1", "2", "*.log"], ["kernel tables 0/", "kernel tables 2/", "the GPT-NeoX log"]),
+    ],
+)
+def test_a_decoded_run_names_every_missing_part(tmp_path: Path, remove: list[str], named: list[str]) -> None:
+    """A job folder with parts removed is still found as a decoded run (not "no trace files"), and one
+    line names every part it lacks; nothing is written."""
+    run = _copy_run(tmp_path)
+    job = run / "31664313"
+    for pattern in remove:
+        for path in job.glob(pattern):
+            shutil.rmtree(path) if path.is_dir() else path.unlink()
+    db = tmp_path / "bad.duckdb"
+    with open_database(db) as con, pytest.raises(InputNotFoundError) as caught:
+        ingest_runs(con, [run])
+    message = str(caught.value)
+    assert "\n" not in message and str(job) in message and "missing:" in message
+    assert all(part in message for part in named), message
+    with duckdb.connect(str(db), read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+
+
+def _collective_sizes(db: Path, run_id: str) -> list[tuple]:
+    with duckdb.connect(str(db), read_only=True) as con:
+        return con.execute(
+            "SELECT rank, name, role, size_bytes, count(*) FROM collectives WHERE run_id = ? GROUP BY ALL ORDER BY ALL",
+            [run_id],
+        ).fetchall()
+
+
+def _as_newer_torch(inner_op: str, dims: str, group: int) -> tuple[str, str]:
+    """A kernel table's innermost operator and Input Dims as newer torch records them: collectives as
+    their c10d operator over tensor lists (an all-gather's output list before its input list), a cat's
+    tensors as one list."""
+    args = json.loads(dims) if dims.startswith("[") else None
+    if not args or not isinstance(args[0], list):
+        return inner_op, dims
+    if inner_op == "nccl:all_reduce":
+        return "c10d::allreduce_", json.dumps([[args[0]], [], [], []])
+    if inner_op == "nccl:_all_gather_base":
+        output = [args[0][0] * group, *args[0][1:]]
+        return "c10d::allgather_into_tensor_coalesced_", json.dumps([[output], [args[0]], []])
+    if inner_op == "nccl:send":
+        return "c10d::send", json.dumps([[args[0]], [], []])
+    if inner_op == "aten::cat" and args[0] and all(a == [] for a in args[1:]):
+        return inner_op, json.dumps([[args[0], args[0]], []])
+    return inner_op, dims
+
+
+@pytest.fixture(scope="module")
+def tensor_list_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Llemma run with every kernel table's Input Dims rewritten as newer torch records them."""
+    run = _copy_run(tmp_path_factory.mktemp("tensor_lists"))
+    dp = parse_neox_log(next((run / "31664313").glob("*.log"))).data_parallel_size or 1
+    for table in (run / "31664313").glob("**/*.csv"):
+        with table.open(newline="") as handle:
+            rows = list(csv.reader(handle))
+        if rows[0][:1] != ["cpu_op_0"]:
+            continue  # module times, comparisons
+        for row in rows[1:]:
+            row[3], row[5] = _as_newer_torch(row[3], row[5], dp)
+        with table.open("w", newline="") as handle:
+            csv.writer(handle).writerows(rows)
+    return run
+
+
+def test_tensor_list_dims_give_the_same_collective_sizes(llemma_db: Path, tensor_list_run: Path) -> None:
+    db = tensor_list_run.parent / "rewritten.duckdb"
+    with open_database(db) as con:
+        ingest_runs(con, [tensor_list_run], IngestOptions(cluster="perlmutter", workers=1))
+    rewritten = _collective_sizes(db, tensor_list_run.name)
+    assert rewritten == _collective_sizes(llemma_db, "llemma_7B_4_2_2_4_4")
+    assert any(name == "all_gather" and size for _, name, _, size, _ in rewritten)  # sized from its input list
+
+
+@pytest.mark.slow
+def test_without_best_batch_statistics_sends_come_from_the_measured_span(llemma_db: Path, tmp_path: Path) -> None:
+    """Kernel tables without best_batch_statistics/ still rebuild: the sends are one kernel per send of the
+    measured pp_p2p span, sized as the largest activation the traced sends carried, and the ingest says so."""
+    run = _copy_run(tmp_path)
+    shutil.rmtree(run / "31664313" / "best_batch_statistics")
+    with open_database(tmp_path / "nobb.duckdb") as con:
+        report = ingest_runs(con, [run], IngestOptions(cluster="perlmutter", workers=1))
+        sends = con.execute(
+            "SELECT max(size_bytes), count(*), count(match_id) FROM collectives WHERE name = 'send'"
+        ).fetchone()
+    assert any("no best_batch_statistics/" in w and "pp_p2p" in w for w in report.runs[0].warnings)
+    with duckdb.connect(str(llemma_db), read_only=True) as con:
+        largest = con.execute("SELECT max(size_bytes) FROM collectives WHERE name = 'send'").fetchone()[0]
+    assert sends[0] == largest and sends[1] == sends[2] > 0  # every send matched with its receive
 
 
 def test_metadata_keeps_the_published_measurements(llemma_db: Path) -> None:

@@ -29,6 +29,7 @@ from tracecal.decode.nccl_api import nccl_api_fields
 from tracecal.decode.nesting import ENGINE, NameIndex, covered, enclosing, launch_points, names_like, rows_of
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
 from tracecal.ingest.discover import ParallelLayout
+from tracecal.ingest.input_dims import message_elements
 
 COMM_KERNEL = r"(?i)^(nccl|rccl)\w*Kernel|^ncclDevKernel|^ncclKernel"
 CPU_WORK = r"^gloo:"
@@ -82,33 +83,6 @@ def busbw_factor(name: str | None, n: int | None) -> float | None:
         return (n - 1) / n
     if name in ("broadcast", "reduce", "send", "recv"):
         return 1.0
-    return None
-
-
-def _dims_elements(dims: str | None) -> int | None:
-    """Elements of the first tensor in an Input Dims JSON text (TensorLists summed)."""
-    if not dims:
-        return None
-    try:
-        value = orjson.loads(dims)
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(value, list) or not value:
-        return None
-    first = value[0]
-    if isinstance(first, list) and first and all(isinstance(x, list) for x in first):
-        total = 0
-        for t in first:
-            prod = 1
-            for d in t:
-                prod *= d
-            total += prod if t else 0
-        return total or None
-    if isinstance(first, list) and first and all(isinstance(x, int) for x in first):
-        prod = 1
-        for d in first:
-            prod *= d
-        return prod
     return None
 
 
@@ -346,15 +320,20 @@ def _link_cpu_work(events: pl.DataFrame, inst: pl.DataFrame) -> pl.DataFrame:
         for uid, rank, name, ts in zip(own["uid"], own["rank"], own["name"], own["ts_ns"], strict=True)
     ]
     kinds = {n: normalize_collective(n) or n for n in {x["name"] for x in calls + work}}
-    # the message is the first tensor's elements (TensorLists summed): ``[[262144]]`` on the range,
-    # ``[[[262144]],[],...]`` on the call
-    elems = {d: _dims_elements(d) for d in {x["input_dims"] for x in calls + work} if d is not None}
+    # the message is the input's elements, by the operator's signature (tensor lists summed):
+    # ``[[262144]]`` on the range, ``[[[262144]],[],...]`` on the call
+    elems = {
+        (x["name"], x["input_dims"]): message_elements(x["name"], x["input_dims"])
+        for x in calls + work
+        if x["input_dims"] is not None
+    }
 
     def by_rank(rows: list[dict]) -> dict[int, list[tuple[int, int, str, int | None]]]:
         """(ts_ns, row, kind, elements) of the rows, per rank."""
         out: dict[int, list[tuple[int, int, str, int | None]]] = {}
         for i, x in enumerate(rows):
-            out.setdefault(x["rank"], []).append((x["ts_ns"], i, kinds[x["name"]], elems.get(x["input_dims"])))
+            size = elems.get((x["name"], x["input_dims"]))
+            out.setdefault(x["rank"], []).append((x["ts_ns"], i, kinds[x["name"]], size))
         return out
 
     calls_of = by_rank(calls)
@@ -467,6 +446,10 @@ def _empty_collectives() -> pl.DataFrame:
     return pl.DataFrame(schema=_COLLECTIVES_SCHEMA)
 
 
+_NAME_OF = {"k": "name", "a": "a_name", "r": "r_name", "n": "n_name", "c": "c_name"}
+"""The operator name of each source of ``_first`` (its Input Dims follow that operator's signature)."""
+
+
 def _first(row: dict, field: str, sources: str = "kra") -> object:
     """``field`` of the first of ``sources`` that has it: the instance's own args (``k``), its
     record_param_comms (``r``), NCCL range (``n``), annotation (``a``)."""
@@ -553,6 +536,7 @@ def rank_collectives(
             _src=_first(r, "src_rank", "krna"),
             _dst=_first(r, "dst_rank", "krna"),
             _dims=_first(r, "input_dims", "kar"),
+            _dims_op=next((r[_NAME_OF[src]] for src in "kar" if r[src + "_input_dims"] is not None), None),
             _types=_first(r, "input_types", "kar"),
         )
         rank = r["rank"]
@@ -576,7 +560,7 @@ def rank_collectives(
             scale = gsize if name in ("all_gather", "reduce_scatter") and gsize else 1
             size = r["n_bytes"] * scale
         elif elems is None:
-            elems = _dims_elements(r["_dims"])
+            elems = message_elements(r["_dims_op"], r["_dims"])
             if elems is not None and name == "all_gather" and gsize:
                 elems *= gsize  # the annotation shows the local shard; nccl-tests S is the total
             size = elems * nbytes if elems is not None and nbytes else None

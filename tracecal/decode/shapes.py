@@ -29,6 +29,7 @@ import orjson
 import polars as pl
 
 from tracecal.decode.nesting import ENGINE
+from tracecal.ingest.input_dims import argument_shapes, is_shape, joins_tensors
 from tracecal.schema import SHAPE_COLUMNS, polars_schema
 
 FAMILIES = (
@@ -284,25 +285,22 @@ def normalize_dtype(raw: str | None) -> str | None:
 def _decode(value: Any) -> Any:
     if value is None or isinstance(value, list):
         return value
+    if not isinstance(value, (str, bytes)):
+        return None
     try:
         return orjson.loads(value)
     except orjson.JSONDecodeError:
         return None
 
 
-def _is_shape(x: Any) -> bool:
-    return isinstance(x, list) and all(isinstance(d, int) for d in x)
-
-
 def _tensors(dims: list[Any], types: list[Any]) -> list[tuple[list[int], str | None]]:
-    """Tensor arguments as (shape, dtype); scalars/empty args dropped, TensorLists flattened."""
+    """Tensor arguments as (shape, dtype); scalars/empty args dropped, tensor lists flattened
+    (``input_dims.argument_shapes``)."""
     out: list[tuple[list[int], str | None]] = []
     for i, d in enumerate(dims):
         t = types[i] if i < len(types) else None
-        if _is_shape(d) and d:
-            out.append((d, normalize_dtype(t) if isinstance(t, str) else None))
-        elif isinstance(d, list) and d and all(_is_shape(x) for x in d):  # TensorList
-            out.extend((x, normalize_dtype(t) if isinstance(t, str) else None) for x in d if x)
+        dtype = normalize_dtype(t) if isinstance(t, str) else None
+        out.extend((shape, dtype) for shape in argument_shapes(d))
     return out
 
 
@@ -349,10 +347,22 @@ _IS_CAUSAL_ARG = {
     "_scaled_dot_product_cudnn_attention": 6,
     "_flash_attention_forward": 8,
     "_flash_attention_backward": 11,
+    "_scaled_dot_product_efficient_attention_backward": 11,
+    "_scaled_dot_product_cudnn_attention_backward": 14,
+    "_cudnn_attention_forward": 10,
+    "_cudnn_attention_backward": 14,
+    "_scaled_dot_product_attention_math": 5,
 }
 """Position of ``is_causal`` in Concrete Inputs per attention op (the aten signatures)."""
 
-_DAO_LAYOUT_OPS = frozenset({"_flash_attention_forward", "_flash_attention_backward"})
+_MASK_TYPE_ARG = {"_efficient_attention_forward": 9, "_efficient_attention_backward": 14}
+"""Position of ``custom_mask_type`` (0: none, 1: causal from the top left, 2: from the bottom
+right) in the memory-efficient kernels' signatures, which take it instead of ``is_causal``."""
+
+_DAO_LAYOUT_OPS = frozenset(
+    {"_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward",
+     "_efficient_attention_backward"}
+)  # fmt: skip
 """aten ops that take [batch, seq, heads, head_dim] (Dao's flash-attn layout) instead of SDPA's
 [batch, heads, seq, head_dim]."""
 
@@ -385,6 +395,9 @@ def _attention(name: str, ts: list[tuple[list[int], str | None]], concrete: list
     pos = _IS_CAUSAL_ARG.get(op)
     if pos is not None and pos < len(concrete) and concrete[pos] in ("True", "False"):
         causal = concrete[pos] == "True"
+    mask = _MASK_TYPE_ARG.get(op)
+    if mask is not None and mask < len(concrete) and concrete[mask] in ("0", "1", "2"):
+        causal = concrete[mask] != "0"
     return {"batch": b, "heads": h, "seq_q": sq, "seq_k": sk, "head_dim": d, "causal": causal, "_bwd": backward}
 
 
@@ -477,6 +490,12 @@ def shape_row(
             out["tokens"], out["vocab"] = _prod(first[:-1]), first[-1]
         out["io_bytes"] = _io(ts, None, nbytes)
         return out
+    if fam == "elementwise" and joins_tensors(name) and argument_shapes(dims[0]):
+        # cat / stack: the output holds every tensor of the list; each is read once and written once
+        joined = sum(_prod(s) for s in argument_shapes(dims[0]))
+        out["elements"] = joined
+        out["io_bytes"] = float(2 * joined * nbytes) if nbytes else None
+        return out
     if fam in ("softmax", "norm", "elementwise"):
         out["elements"] = _prod(first)
         if fam == "softmax" and _UPPER_TRIANGLE.search(name):
@@ -558,7 +577,7 @@ def _optimizer(dims: list[Any], first: list[int]) -> dict[str, Any]:
 
 def _is_list_op(dims: list[Any]) -> bool:
     """True when the first argument is a TensorList (foreach / fused optimizers)."""
-    return bool(dims) and isinstance(dims[0], list) and bool(dims[0]) and all(_is_shape(x) for x in dims[0])
+    return bool(dims) and isinstance(dims[0], list) and bool(dims[0]) and all(is_shape(x) for x in dims[0])
 
 
 _SHAPE_SCHEMA = polars_schema(SHAPE_COLUMNS)

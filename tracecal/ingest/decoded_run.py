@@ -8,6 +8,10 @@ Layout (the run folder, or its job sub-folder)::
     <job>/best_batch/compares.csv                                                      published comparison
     <job>/*.log                                                                        the GPT-NeoX log
 
+The kernel tables of the three rank folders and the log with its argument dump are required
+(``missing_parts`` names each one absent); ``best_batch_statistics/`` is not: ``reconstruct`` takes
+the activation sends from elsewhere and says where.
+
 Rank folders 0, 1 and 2 are the head (global rank 0), the first rank of the second pipeline stage and
 the last rank. A kernel table has one row per kernel position of a module: the outermost and innermost
 CPU operator with their External id and ``Input Dims``, the kernel name, its mean duration over the
@@ -26,6 +30,8 @@ import polars as pl
 from tracecal.errors import InputNotFoundError, TraceFormatError
 from tracecal.ingest.discover import decoded_job_dir
 from tracecal.ingest.gpumodeling25_tables import read_compares, read_module_times
+from tracecal.ingest.input_dims import is_dims_text
+from tracecal.ingest.neox_log import NeoxLog, parse_neox_log
 
 POSITIONS = ("head", "middle", "tail")
 """What the rank folders 0, 1 and 2 hold: the first, a middle and the last pipeline stage."""
@@ -71,7 +77,8 @@ def read_kernel_table(path: Path) -> pl.DataFrame:
 
     Raises:
         InputNotFoundError: the file is missing.
-        TraceFormatError: the header or a number is not what the published decoder writes.
+        TraceFormatError: the header, a number or an Input Dims cell is not what the published decoder
+            writes (the file, line and column named).
     """
     if not path.is_file():
         raise InputNotFoundError(f"{path}: missing; a decoded run needs every rank folder's kernel tables")
@@ -83,6 +90,8 @@ def read_kernel_table(path: Path) -> pl.DataFrame:
         raise TraceFormatError(
             f"{path}: header {raw.columns} is not a decoded kernel table ({', '.join(TABLE_COLUMNS)})"
         )
+    for column in ("cpu_op_0_input_dim", "cpu_op_1_input_dim"):
+        _check_dims_cells(path, raw, column)
 
     def text(col: str) -> pl.Expr:
         return pl.when(pl.col(col).is_in([_NONE, ""])).then(None).otherwise(pl.col(col))
@@ -101,6 +110,26 @@ def read_kernel_table(path: Path) -> pl.DataFrame:
         )
     except pl.exceptions.InvalidOperationError as exc:
         raise TraceFormatError(f"{path}: a number column holds text ({exc})") from exc
+
+
+def _check_dims_cells(path: Path, raw: pl.DataFrame, column: str) -> None:
+    """Every Input Dims cell of ``column`` is empty, ``None`` or JSON text of a list (``input_dims``).
+
+    Raises:
+        TraceFormatError: naming the file, the line (the header is line 1) and the column of the first
+            cell that is not.
+    """
+    cells = raw.get_column(column)
+    bad = {v for v in cells.unique().to_list() if v not in (None, "", _NONE) and not is_dims_text(v)}
+    if not bad:
+        return
+    row = next(i for i, v in enumerate(cells.to_list()) if v in bad)
+    cell = str(cells[row])
+    shown = cell if len(cell) <= 60 else cell[:57] + "..."
+    raise TraceFormatError(
+        f"{path}: line {row + 2}, column {column}: {shown!r} is not an Input Dims list (JSON such as "
+        "[[4, 2048], []]); the table is damaged: decode the run again or repair the cell"
+    )
 
 
 def occurrences(table: pl.DataFrame, span_us: float | None, most: int) -> float:
@@ -126,8 +155,11 @@ class DecodedRun:
     Attributes:
         job_dir: the job folder.
         log_path: the GPT-NeoX log.
+        log: the log, parsed.
         tables: ``tables[position][name]`` kernel tables of ``RUN_TABLES`` per traced rank.
         best_batch: ``best_batch[position][name]`` tables of ``BEST_BATCH_TABLES`` (where present).
+        rank_extras: ``rank_extras[position][name]`` tables of ``BEST_BATCH_TABLES`` that a decoder
+            version wrote into the rank folder itself (where present).
         module_times: measured module times, µs per position: ``run_level_average``, ``run_level_min``,
             ``best_batch_average``, ``best_batch_min``, ``best_batch_average_old`` (where present).
         compares: the published ``best_batch/compares.csv`` (empty when absent).
@@ -135,35 +167,70 @@ class DecodedRun:
 
     job_dir: Path
     log_path: Path
+    log: NeoxLog
     tables: dict[str, dict[str, pl.DataFrame]]
     best_batch: dict[str, dict[str, pl.DataFrame]]
+    rank_extras: dict[str, dict[str, pl.DataFrame]] = field(default_factory=dict)
     module_times: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     compares: dict[str, dict] = field(default_factory=dict)
+
+    @property
+    def has_best_batch_statistics(self) -> bool:
+        return (self.job_dir / BEST_BATCH_DIR).is_dir()
+
+
+BEST_BATCH_DIR = "best_batch_statistics"
+"""The folder of the best iteration's tables (``BEST_BATCH_TABLES`` per rank folder)."""
+
+
+def missing_parts(job: Path) -> tuple[list[str], NeoxLog | None]:
+    """What a decoded run's job folder lacks for a rebuild, each part named as the user would look for
+    it (kernel tables by rank folder, the log, the log's argument dump), and the parsed log when it
+    has one. ``best_batch_statistics/`` is not required (``reconstruct`` says what replaces it)."""
+    missing: list[str] = []
+    for i, _ in enumerate(POSITIONS):
+        folder = job / str(i)
+        absent = [f"{name}.csv" for name in RUN_TABLES if not (folder / f"{name}.csv").is_file()]
+        if len(absent) == len(RUN_TABLES):
+            missing.append(f"kernel tables {i}/ ({', '.join(RUN_TABLES)}.csv)")
+        elif absent:
+            missing.append(f"kernel tables {', '.join(f'{i}/{a}' for a in absent)}")
+    logs = sorted(job.glob("*.log"))
+    log = None
+    if not logs:
+        missing.append("the GPT-NeoX log (*.log, the training stdout with its argument dump)")
+    else:
+        try:
+            log = parse_neox_log(logs[0])
+        except TraceFormatError as exc:
+            missing.append(f"the log's argument dump ({logs[0].name}: {exc.args[0].split(': ', 1)[-1]})")
+    return missing, log
 
 
 def read_decoded_run(path: Path) -> DecodedRun:
     """Read a decoded run folder (``path`` is the run folder or its job folder).
 
     Raises:
-        InputNotFoundError: not a decoded run, or a rank table or the log is missing.
+        InputNotFoundError: not a decoded run, or kernel tables, the log or its argument dump are
+            missing (every missing part named in one line).
         TraceFormatError: a table is malformed.
     """
     job = decoded_job_dir(path)
     if job is None:
         raise InputNotFoundError(
-            f"{path}: not a decoded GPT-NeoX run (expected 0/encoder_fwd.csv and a *.log in it or its job folder)"
+            f"{path}: not a decoded GPT-NeoX run (expected rank folders 0/ 1/ 2/ of kernel tables, "
+            "best_batch_statistics/ and a *.log in it or its job folder)"
         )
+    missing, log = missing_parts(job)
+    if missing or log is None:
+        raise InputNotFoundError(f"{job}: this decoded GPT-NeoX run cannot be rebuilt; missing: {'; '.join(missing)}")
     logs = sorted(job.glob("*.log"))
     tables = {
         pos: {name: read_kernel_table(job / str(i) / f"{name}.csv") for name in RUN_TABLES}
         for i, pos in enumerate(POSITIONS)
     }
-    best: dict[str, dict[str, pl.DataFrame]] = {}
-    for i, pos in enumerate(POSITIONS):
-        folder = job / "best_batch_statistics" / str(i)
-        best[pos] = {
-            n: read_kernel_table(folder / f"{n}.csv") for n in BEST_BATCH_TABLES if (folder / f"{n}.csv").is_file()
-        }
+    best = {pos: _optional_tables(job / BEST_BATCH_DIR / str(i)) for i, pos in enumerate(POSITIONS)}
+    extras = {pos: _optional_tables(job / str(i)) for i, pos in enumerate(POSITIONS)}
     sources = {
         "run_level_average": job / "module_times_average.csv",
         "run_level_min": job / "module_times_min.csv",
@@ -174,4 +241,9 @@ def read_decoded_run(path: Path) -> DecodedRun:
     module_times = {key: read_module_times(p) for key, p in sources.items() if p.is_file()}
     compares_path = job / "best_batch" / "compares.csv"
     compares = read_compares(compares_path) if compares_path.is_file() else {}
-    return DecodedRun(job, logs[0], tables, best, module_times, compares)
+    return DecodedRun(job, logs[0], log, tables, best, extras, module_times, compares)
+
+
+def _optional_tables(folder: Path) -> dict[str, pl.DataFrame]:
+    """The ``BEST_BATCH_TABLES`` present in ``folder``."""
+    return {n: read_kernel_table(folder / f"{n}.csv") for n in BEST_BATCH_TABLES if (folder / f"{n}.csv").is_file()}

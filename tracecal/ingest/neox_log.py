@@ -47,6 +47,7 @@ _ITERATION = re.compile(
 )
 _TIMERS = re.compile(r"\[Rank 0\] time \(ms\) \| (?P<body>.*)$")
 _TIMER_ITEM = re.compile(r"(?P<name>[\w/.-]+): (?P<ms>[0-9.eE+-]+)")
+_PIPE_PARTITIONED = re.compile(r"is_pipe_partitioned= ?(?P<value>True|False)")
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ class NeoxLog:
         checkpoint_activations: activation checkpointing on/off.
         zero_stage, reduce_bucket_size, allgather_bucket_size: ZeRO settings (bucket sizes in elements).
         profile_step_start, profile_step_stop: the torch.profiler window (see `profiled_iterations`).
+        pipe_partitioned: DeepSpeed's pipeline engine line ``is_pipe_partitioned= True``: each tensor-parallel
+            rank sends its 1/tp share of the activations between stages.
         stage_layers: per pipeline stage, the layer class names in order (from the partition listing).
         iteration_ms: (iteration number, elapsed ms) from rank 0's per-iteration lines, in log order.
         step_timers_ms: (iteration the timers precede, or None after the last one, {timer: ms}) for each
@@ -99,6 +102,7 @@ class NeoxLog:
     allgather_bucket_size: int | None = None
     profile_step_start: int | None = None
     profile_step_stop: int | None = None
+    pipe_partitioned: bool | None = None
     stage_layers: list[list[str]] = field(default_factory=list)
     iteration_ms: list[tuple[int, float]] = field(default_factory=list)
     step_timers_ms: list[tuple[int | None, dict[str, float]]] = field(default_factory=list)
@@ -203,6 +207,7 @@ def parse_neox_log_text(text: str, source: str = "<text>") -> NeoxLog:
     elif "world_size" in ds_config:
         dp = _int(ds_config["world_size"])
 
+    partitioned = next((m["value"] == "True" for _, body in lines if (m := _PIPE_PARTITIONED.search(body))), None)
     zero = _literal(args.get("zero_optimization"))
     zero = zero if isinstance(zero, dict) else {}
     version = next((m["version"] for _, body in lines if (m := _DS_VERSION.search(body))), None)
@@ -230,6 +235,7 @@ def parse_neox_log_text(text: str, source: str = "<text>") -> NeoxLog:
         allgather_bucket_size=_first_int(args.get("zero_allgather_bucket_size"), zero.get("allgather_bucket_size")),
         profile_step_start=_int(args.get("profile_step_start")),
         profile_step_stop=_int(args.get("profile_step_stop")),
+        pipe_partitioned=partitioned,
         stage_layers=stages,
         iteration_ms=iteration_ms,
         step_timers_ms=timers,

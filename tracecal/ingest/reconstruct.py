@@ -38,12 +38,20 @@ import numpy as np
 import polars as pl
 
 from tracecal.errors import TraceFormatError
-from tracecal.ingest.decoded_run import DecodedRun, activity_kind, occurrences, read_decoded_run
+from tracecal.ingest.decoded_run import (
+    BEST_BATCH_DIR,
+    RUN_TABLES,
+    DecodedRun,
+    activity_kind,
+    occurrences,
+    read_decoded_run,
+)
 from tracecal.ingest.discover import ParallelLayout
 from tracecal.ingest.gpumodeling25_tables import MODULE_TIMES_KEY, NEOX_LOG_KEY
-from tracecal.ingest.neox_log import NeoxLog, parse_neox_log
+from tracecal.ingest.input_dims import message_elements
+from tracecal.ingest.neox_log import NeoxLog
 from tracecal.ingest.pipeline_schedule import stage_instructions
-from tracecal.ingest.rebuilt_trace import GROUPS, PRECISION_TYPES, SCOPE, parse_dims, rank_events, types_for
+from tracecal.ingest.rebuilt_trace import GROUPS, PRECISION_TYPES, SCOPE, rank_events, types_for
 from tracecal.ingest.trace import ParsedRank
 
 _MODULE_SPAN = {"fwd": "stage_fwd", "bwd": "stage_bwd", "reduce_grads": "dp_allreduce", "optimizer_step": "optimizer"}
@@ -162,13 +170,6 @@ def _position(stage: int, stages: int) -> str:
     return "head" if stage == 0 else "tail" if stage == stages - 1 else "middle"
 
 
-def _elements(dims: str | None) -> int | None:
-    """Elements of an operator's first tensor (a collective's message)."""
-    parsed = parse_dims(dims)
-    first = parsed[0] if parsed and isinstance(parsed[0], list) else None
-    return prod(first) if first else None
-
-
 def _kernel_rows(table: pl.DataFrame, n_occurrences: float, shape: RunShape) -> pl.DataFrame:
     """A kernel table as rows in stream order, with true gaps, activity kind and collective attributes."""
     _, nccl_default = PRECISION_TYPES.get(shape.precision, PRECISION_TYPES["fp16"])
@@ -186,11 +187,24 @@ def _kernel_rows(table: pl.DataFrame, n_occurrences: float, shape: RunShape) -> 
         "inner_id",
         "inner_dims",
         pl.Series("coll", coll),
-        pl.col("inner_dims").map_elements(_elements, return_dtype=pl.Int64).alias("nelems"),
+        pl.Series("nelems", _message_elements(table), dtype=pl.Int64),
         pl.Series("coll_dtype", kernel_type)
         .replace_strict(_NCCL_DTYPES, default=nccl_default, return_dtype=pl.String)
         .alias("coll_dtype"),
     ).with_columns(pl.when(pl.col("coll").is_null()).then(None).otherwise(pl.col("coll_dtype")).alias("coll_dtype"))
+
+
+def _message_elements(table: pl.DataFrame) -> list[int | None]:
+    """Elements of each row's collective message, from its innermost CPU operator's Input Dims and
+    signature (``input_dims.message_elements``: tensor lists summed, an all-gather's input argument)."""
+    ops, dims = table["inner_op"].to_list(), table["inner_dims"].to_list()
+    cache: dict[tuple[str | None, str | None], int | None] = {}
+    out = []
+    for key in zip(ops, dims, strict=True):
+        if key not in cache:
+            cache[key] = message_elements(*key)
+        out.append(cache[key])
+    return out
 
 
 LAYER_FUNCTIONS = (r"CheckpointFunction$", r"CheckpointFunctionBackward$")
@@ -248,12 +262,16 @@ class _StagePlan:
 
 def _stage_blocks(
     run: DecodedRun, shape: RunShape, misaligned: MisalignedFn | None
-) -> tuple[dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], list[tuple[int, int]]], dict[str, int]]:
-    """Per (position, table): rows with gaps, CPU ops cleared where misaligned; layer starts of fwd/bwd."""
+) -> tuple[
+    dict[tuple[str, str], pl.DataFrame], dict[tuple[str, str], list[tuple[int, int]]], dict[str, int], dict[str, str]
+]:
+    """Per (position, table): rows with gaps, CPU ops cleared where misaligned; layer starts of fwd/bwd;
+    where each position's activation sends came from (``_send_table``)."""
     avg = run.module_times.get("run_level_average", {})
     blocks: dict[tuple[str, str], pl.DataFrame] = {}
     layers: dict[tuple[str, str], list[tuple[int, int]]] = {}
     flagged: dict[str, int] = {}
+    send_sources: dict[str, str] = {}
     per_iteration = {"fwd": shape.micro_batches, "bwd": shape.micro_batches, "reduce_grads": 1, "optimizer_step": 1}
     positions = ("head", "middle", "tail") if shape.pp > 2 else ("head", "tail")
     for pi, pos in enumerate(("head", "middle", "tail")):
@@ -273,13 +291,59 @@ def _stage_blocks(
                     flagged[f"{pos}/{name}"] = int(mask.sum())
                     rows = _clear_cpu_ops(rows, mask)
             blocks[(pos, name)] = rows
-        send = run.best_batch.get(pos, {}).get("pp_p2p")
-        if send is not None:
+        if pi == 2 or pos not in positions:
+            continue  # the last stage sends no activations
+        found = _send_table(run, pos, pi, shape)
+        if found is not None:
+            send, source = found
             span = avg.get("pp_p2p")
             n = occurrences(send, span[pi] if span else None, shape.micro_batches)
             blocks[(pos, "pp_p2p")] = _kernel_rows(send, n, shape)
+            send_sources[pos] = source
     _share_send_transfers(blocks)
-    return blocks, layers, flagged
+    return blocks, layers, flagged, send_sources
+
+
+SEND_KERNEL = "ncclKernel_SendRecv"
+"""The kernel name of a send rebuilt from the measured module time (no table recorded its kernel)."""
+
+
+def _send_table(run: DecodedRun, pos: str, index: int, shape: RunShape) -> tuple[pl.DataFrame, str] | None:
+    """The activation-send table of a traced position and where it came from, the first that has it:
+    the best iteration's ``pp_p2p`` table, one in the rank folder, the SendRecv kernels of the rank's
+    main tables, else one send kernel per send whose duration is the position's measured ``pp_p2p``
+    span (module times) and whose size is the activation the log states (micro-batch × sequence ×
+    hidden, a 1/tp share when the pipeline is partitioned). None when nothing says."""
+    best = run.best_batch.get(pos, {}).get("pp_p2p")
+    if best is not None:
+        return best, f"{BEST_BATCH_DIR}/{index}/pp_p2p.csv"
+    own = run.rank_extras.get(pos, {}).get("pp_p2p")
+    if own is not None:
+        return own, f"{index}/pp_p2p.csv"
+    main = pl.concat([run.tables[pos][name] for name in RUN_TABLES]).filter(pl.col("kernel").str.contains("SendRecv"))
+    if main.height:
+        return main, f"the SendRecv kernels of {index}/*.csv"
+    spans = run.module_times.get("run_level_average") or run.module_times.get("best_batch_average") or {}
+    span_us = (spans.get("pp_p2p") or [0.0] * 3)[index]
+    log = run.log
+    sizes = (log.train_micro_batch_size_per_gpu, log.seq_length, log.hidden_size)
+    if not span_us or any(v is None for v in sizes):
+        return None
+    elements = prod(v for v in sizes if v is not None) // (shape.tp if log.pipe_partitioned else 1)
+    row = {
+        "outer_op": None, "outer_id": None, "outer_dims": None, "inner_op": "nccl:send", "inner_id": None,
+        "inner_dims": f"[[{elements}]]", "kernel": SEND_KERNEL, "overhead_us": 0.0, "dur_us": float(span_us),
+    }  # fmt: skip
+    table = pl.DataFrame([row], schema=_TABLE_SCHEMA)
+    return table, f"the measured pp_p2p span of module_times (one send of {elements} elements)"
+
+
+_TABLE_SCHEMA = {
+    "outer_op": pl.String, "outer_id": pl.Int64, "outer_dims": pl.String, "inner_op": pl.String,
+    "inner_id": pl.Int64, "inner_dims": pl.String, "kernel": pl.String, "overhead_us": pl.Float64,
+    "dur_us": pl.Float64,
+}  # fmt: skip
+"""``decoded_run.read_kernel_table``'s columns."""
 
 
 def _share_send_transfers(blocks: dict[tuple[str, str], pl.DataFrame]) -> None:
@@ -389,9 +453,12 @@ def _plan_stage(
     for s in range(shape.pp - 1):
         table = blocks.get((_position(s, shape.pp), "pp_p2p"))
         if table is None:
+            sender = _position(s, shape.pp)
+            index = {"head": 0, "middle": 1}.get(sender, 2)
             raise TraceFormatError(
-                f"no best_batch_statistics pp_p2p table for the {_position(s, shape.pp)} stage: "
-                "the activation sends of the pipeline cannot be rebuilt"
+                f"no activation sends for the {sender} stage: missing {BEST_BATCH_DIR}/{index}/pp_p2p.csv, "
+                f"{index}/pp_p2p.csv, SendRecv kernels in {index}/*.csv, and a pp_p2p module time with the "
+                "log's micro-batch size, seq_length and hidden_size; the pipeline cannot be rebuilt"
             )
         sends[s] = table
     reduce_rows = blocks[(pos, "reduce_grads")].with_columns(pl.lit("dp").alias("group"))
@@ -530,8 +597,14 @@ def reconstruct(run: DecodedRun, log: NeoxLog, misaligned: MisalignedFn | None =
         TraceFormatError: the log lacks the layout, or the tables cannot form the schedule.
     """
     shape = RunShape.from_log(log)
-    blocks, layers, flagged = _stage_blocks(run, shape, misaligned)
+    blocks, layers, flagged, send_sources = _stage_blocks(run, shape, misaligned)
     notes: list[str] = []
+    if not run.has_best_batch_statistics:
+        taken = "; ".join(f"{pos}: {source}" for pos, source in send_sources.items())
+        notes.append(
+            f"no {BEST_BATCH_DIR}/: activation sends from {taken or 'nowhere'}; data-parallel and optimizer "
+            "kernels from the main reduce_grads.csv and optimizer_step.csv tables"
+        )
     plans = [_plan_stage(s, shape, blocks, layers, notes) for s in range(shape.pp)]
     plans = [_with_peers(p, s, shape) for s, p in enumerate(plans)]
     times = layout(plans)
@@ -596,7 +669,7 @@ def rebuild_run(
         InputNotFoundError, TraceFormatError: a table or the log is missing or malformed.
     """
     run = read_decoded_run(job_dir)
-    log = parse_neox_log(run.log_path)
+    log = run.log
     rebuilt = reconstruct(run, log, misaligned)
     layout = ParallelLayout(
         pp=log.pipe_parallel_size,
