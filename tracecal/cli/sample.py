@@ -6,6 +6,7 @@ The old spellings `tracecal sample compute|comm` stay for one release as a hidde
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import typer
@@ -78,6 +79,20 @@ def compute(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Only count the points to sample per family and direction.")
     ] = False,
+    plan_only: Annotated[
+        bool,
+        typer.Option(
+            "--plan",
+            help="Print the points and, with --from-run, the share of the run's operator time they cover; "
+            "time nothing (any machine).",
+        ),
+    ] = False,
+    exact: Annotated[
+        bool,
+        typer.Option(
+            "--exact", help="--from-run: only the traced shapes, not their neighbourhood (too few to calibrate)."
+        ),
+    ] = False,
     db: DbOption = None,
 ) -> None:
     """Time compute operators over a grid or the shapes of a run, forward and backward, and store the
@@ -93,10 +108,15 @@ def compute(
         with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
             plan = compute_plan(
                 con, config=config, from_run=from_run, dtypes=dtype, families=family, parts=parts, part=part,
-                inference=inference,
+                inference=inference, exact=exact,
             )  # fmt: skip
+            if plan_only:
+                _print_plan(plan)
+                return
             for (op, reason), count in sorted(plan.unmapped.items()):
                 warn(f"{from_run}: {count} distinct {op} call(s) not sampled: {reason}")
+            if plan.run is not None:
+                _print_coverage(plan.run)
             points, source = plan.points, plan.source
             defaults = ComputeSettings(cluster=cluster)
             run = ComputeSettings(
@@ -199,6 +219,64 @@ def comm(
             f"{len(run.collectives)} collectives × {len(run.sizes_bytes)} sizes; database {settings.db_path})"
         )
         _print_flags(cluster, flags)
+
+
+def _dims_text(dims: Any) -> str:
+    return " ".join(f"{k}={v}" for k, v in dims)
+
+
+def _print_plan(plan: Any) -> None:
+    """The points of a plan; for a run, its traced calls' points with the time each stands for,
+    how many neighbours come with them, and the coverage (docs/samples.md#sampling-a-run)."""
+    run = plan.run
+    if run is None:
+        render_rows(
+            f"{len(plan.points)} points ({plan.source})",
+            ["family", "op", "direction", "dtype", "dims"],
+            [(p.family, p.op, p.direction, p.dtype, _dims_text(p.dims)) for p in plan.points],
+        )
+        return
+    traced = [p for p in run.points if p in set(plan.points)]
+    total = run.total_ns or 1
+    render_rows(
+        f"{run.run_id}: {len(traced)} traced calls, {len(plan.points) - len(traced)} neighbours, "
+        f"{len(plan.points)} points ({plan.source})",
+        ["family", "op", "direction", "dtype", "shape", "time %"],
+        [
+            (
+                p.family,
+                p.op,
+                p.direction,
+                p.dtype,
+                _dims_text(p.dims),
+                round(100 * run.traced[p]["traced_ns"] / total, 2),
+            )
+            for p in traced
+        ],
+    )
+    _print_coverage(run)
+
+
+def _print_coverage(run: Any) -> None:
+    """``coverage: NN.N % of GPU operator time``, then the uncovered time by operator and reason."""
+    if run.coverage is None:
+        return
+    where = "GPU operator time" if run.gpu else "operator time"
+    share = math.floor(1000 * run.coverage) / 10  # rounded down: 99.99 % with a gap is not 100.0 %
+    stdout.print(
+        f"coverage: {share:.1f} % of {where} ({run.run_id}, best iteration, collectives left to "
+        f"`samples measure comm`: {run.covered_ns / 1e6:.2f} of {run.total_ns / 1e6:.2f} ms)",
+        highlight=False,
+    )
+    if run.uncovered:
+        render_rows(
+            "not covered",
+            ["operator", "reason", "ms", "time %"],
+            [
+                (name, reason, round(ns / 1e6, 3), round(100 * ns / run.total_ns, 3))
+                for (name, reason), ns in sorted(run.uncovered.items(), key=lambda kv: -kv[1])
+            ],
+        )
 
 
 def _reflag(con: Any, cluster: str) -> dict[str, int]:

@@ -29,6 +29,30 @@ DTYPE_NAMES = ("float32", "float16", "bfloat16")
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
+SDPA_BACKENDS = {
+    "aten::_scaled_dot_product_flash_attention": "FLASH_ATTENTION",
+    "aten::_scaled_dot_product_efficient_attention": "EFFICIENT_ATTENTION",
+    "aten::_scaled_dot_product_cudnn_attention": "CUDNN_ATTENTION",
+    "aten::_scaled_dot_product_attention_math": "MATH",
+}
+"""SDPA backend ops and the ``torch.nn.attention.SDPBackend`` that ``scaled_dot_product_attention``
+is pinned to so that it dispatches to exactly that op (on CPU, FLASH_ATTENTION is the CPU flash
+kernel ``_scaled_dot_product_flash_attention_for_cpu``; cuDNN and memory-efficient need CUDA)."""
+
+OPTIMIZER_IMPLS = ("fused", "foreach", "forloop")
+"""How an optimizer step runs: one fused multi-tensor kernel per state update (``fused=True``),
+``_foreach_*`` multi-tensor ops (``foreach=True``), or a Python loop of per-parameter ops."""
+
+OPTION_VALUES: dict[str, tuple[str, ...]] = {
+    "impl": OPTIMIZER_IMPLS,
+    "other_dtype": DTYPE_NAMES,
+    "src_dtype": DTYPE_NAMES,
+    "src": ("device", "pinned", "pageable"),
+    "reduce": ("last", "all"),
+}
+"""Dimensions that name a variant instead of a size, with their allowed values (None: the default
+variant, left out of the point)."""
+
 TRACE_TYPE = {"float32": "float", "float16": "c10::Half", "bfloat16": "c10::BFloat16"}
 """How the profiler spells each dtype in ``Input type`` (for the trace-like record of a sample)."""
 
@@ -99,12 +123,52 @@ def _record_attention(d: dict[str, Any], t: str) -> Record:
     return dims, types, concrete
 
 
+_SDPA_CAUSAL_ARG = {
+    "aten::_scaled_dot_product_flash_attention": 4,
+    "aten::_scaled_dot_product_efficient_attention": 6,
+    "aten::_scaled_dot_product_cudnn_attention": 6,
+    "aten::_scaled_dot_product_attention_math": 5,
+}
+"""Position of ``is_causal`` in each backend op's signature (what a trace records in Concrete Inputs)."""
+
+
+def _record_sdpa_backend(op: str) -> Callable[[dict[str, Any], str], Record]:
+    def record(d: dict[str, Any], t: str) -> Record:
+        b, h, sq, sk, hd = d["batch"], d["heads"], d["seq_q"], d["seq_k"], d["head_dim"]
+        pos = _SDPA_CAUSAL_ARG[op]
+        dims: list[Any] = [[b, h, sq, hd], [b, h, sk, hd], [b, h, sk, hd]] + [[] for _ in range(pos - 2)]
+        types = [t, t, t] + ["Scalar"] * (pos - 2)
+        concrete = [""] * (pos + 1)
+        concrete[pos] = str(bool(d["causal"]))
+        return dims, types, concrete
+
+    return record
+
+
+def _other_type(d: dict[str, Any], key: str, t: str) -> str:
+    """The trace spelling of a second operand's dtype (``other_dtype``/``src_dtype``), else ``t``."""
+    return TRACE_TYPE[d[key]] if d.get(key) else t
+
+
+def _lhs(d: dict[str, Any]) -> list[int]:
+    """The first operand of a row op: [tokens, hidden], or [broadcast, tokens, hidden] when the
+    second operand ([tokens, hidden]) is broadcast over ``broadcast`` copies (a bias row, a
+    position embedding added to every sequence of a batch)."""
+    rows = [d["tokens"], d["hidden"]]
+    return [d["broadcast"], *rows] if d.get("broadcast") else rows
+
+
 def _record_rows(op: str) -> Callable[[dict[str, Any], str], Record]:
     def record(d: dict[str, Any], t: str) -> Record:
         x = [d["tokens"], d["hidden"]]
         h = d["hidden"]
-        if op == "aten::softmax":
+        if op in ("aten::softmax", "aten::log_softmax"):
             return [x, [], []], [t, "Scalar", ""], ["", "-1", ""]
+        if op in ("aten::sum", "aten::mean"):
+            reduce = d.get("reduce")
+            if reduce == "all":
+                return [x, []], [t, ""], ["", ""]
+            return [x, [], [], []], [t, "ScalarList", "Scalar", ""], ["", "[1]" if reduce else "[0]", "False", ""]
         if op == "aten::layer_norm":
             return (
                 [x, [], [h], [h], [], []],
@@ -117,9 +181,10 @@ def _record_rows(op: str) -> Callable[[dict[str, Any], str], Record]:
             return [x, []], [t, "String"], ["", "none"]
         if op == "aten::silu":
             return [x], [t], [""]
+        other = _other_type(d, "other_dtype", t)
         if op == "aten::add":
-            return [x, x, []], [t, t, "Scalar"], ["", "", "1"]
-        return [x, x], [t, t], ["", ""]  # aten::mul
+            return [_lhs(d), x, []], [t, other, "Scalar"], ["", "", "1"]
+        return [_lhs(d), x], [t, other], ["", ""]  # aten::mul
 
     return record
 
@@ -140,8 +205,10 @@ def _record_inplace(op: str) -> Callable[[dict[str, Any], str], Record]:
             return [x], [t], [""]
         if op == "aten::fill_":
             return [x, []], [t, "Scalar"], ["", "0.5"]
-        if op in ("aten::copy_", "aten::lerp_"):
-            return [x, x, []], [t, t, "Scalar"], ["", "", "False" if op == "aten::copy_" else "0.1"]
+        if op == "aten::copy_":
+            return [x, x, []], [t, _other_type(d, "src_dtype", t), "Scalar"], ["", "", "False"]
+        if op == "aten::lerp_":
+            return [x, x, []], [t, t, "Scalar"], ["", "", "0.1"]
         return [x, x, x, []], [t, t, t, "Scalar"], ["", "", "", "0.1"]  # addcdiv_, addcmul_
 
     return record
@@ -153,6 +220,8 @@ def _build_inplace(op: str) -> Builder:
         shape = (d["tokens"], d["hidden"])
         # plain tensors (no autograd): the optimizer and gradient bookkeeping run outside the graph
         x, a = torch.randn(shape, dtype=dtype, device=device), torch.randn(shape, dtype=dtype, device=device)
+        if op == "aten::copy_":
+            a = _copy_source(torch, shape, getattr(torch, d.get("src_dtype") or str(dtype).split(".")[-1]), device, d)
         b = torch.rand(shape, dtype=dtype, device=device) + 1  # a positive divisor / radicand
         calls = {
             "aten::copy_": lambda: x.copy_(a),
@@ -171,6 +240,21 @@ def _build_inplace(op: str) -> Builder:
 def _record_embedding(d: dict[str, Any], t: str) -> Record:
     dims = [[d["vocab"], d["hidden"]], [d["tokens"]], [], [], []]
     return dims, [t, "long int", "Scalar", "Scalar", "Scalar"], ["", "", "-1", "False", "False"]
+
+
+def _record_cat(d: dict[str, Any], t: str) -> Record:
+    # a TensorList has no element type in a trace: shape_columns takes the point's dtype
+    return [[[d["tokens"], d["hidden"]] for _ in range(d["tensors"])], []], ["TensorList", "Scalar"], ["", "-1"]
+
+
+def _record_gather(d: dict[str, Any], t: str) -> Record:
+    index = [d["tokens"], d["hidden"]]
+    return [[d["rows"], d["hidden"]], [], index, []], [t, "Scalar", "long int", "Scalar"], ["", "0", "", "False"]
+
+
+def _record_nll(d: dict[str, Any], t: str) -> Record:
+    dims = [[d["tokens"], d["vocab"]], [d["tokens"]], [], [], []]
+    return dims, [t, "long int", "", "Scalar", "Scalar"], ["", "", "", "1", "-100"]
 
 
 def _record_loss(d: dict[str, Any], t: str) -> Record:
@@ -247,6 +331,8 @@ def _build_rows(op: str) -> Builder:
         x = _rand(torch, [t, h], dtype, device)
         if op == "aten::softmax":
             return (lambda: torch.softmax(x, -1)), [x]
+        if op == "aten::log_softmax":
+            return (lambda: torch.log_softmax(x, -1)), [x]
         if op in ("aten::layer_norm", "aten::rms_norm"):
             w = torch.ones(h, dtype=dtype, device=device, requires_grad=True)
             if op == "aten::rms_norm":
@@ -257,12 +343,81 @@ def _build_rows(op: str) -> Builder:
             return (lambda: f.gelu(x)), [x]
         if op == "aten::silu":
             return (lambda: f.silu(x)), [x]
-        y = _rand(torch, [t, h], dtype, device)
+        if d.get("broadcast"):
+            x = _rand(torch, [d["broadcast"], t, h], dtype, device)
+        y = _rand(torch, [t, h], getattr(torch, d["other_dtype"]) if d.get("other_dtype") else dtype, device)
         if op == "aten::add":
             return (lambda: torch.add(x, y)), [x, y]
         return (lambda: torch.mul(x, y)), [x, y]
 
     return build
+
+
+def _copy_source(torch: Any, shape: tuple[int, ...], dtype: Any, device: Any, d: dict[str, Any]) -> Any:
+    """The source of a copy_: on the device (a device-to-device memcpy when the dtypes agree, a cast
+    kernel when they differ), or in host memory, pinned or pageable (a host-to-device memcpy).
+
+    Raises:
+        RuntimeError: a host-to-device copy asked of a CPU sampler (the caller skips the point).
+    """
+    src = d.get("src") or "device"
+    if src == "device":
+        return torch.randn(shape, device=device).to(dtype)
+    if torch.device(device).type != "cuda":
+        raise RuntimeError(f"a host-to-device copy ({src} memory) needs a CUDA device")
+    host = torch.randn(shape).to(dtype)
+    return host.pin_memory() if src == "pinned" else host
+
+
+def _build_sdpa_backend(op: str) -> Builder:
+    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Any, ...]:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        fwd, inputs = _build_attention(d, dtype, device)
+        backend = getattr(SDPBackend, SDPA_BACKENDS[op])
+
+        def pinned() -> Any:  # dispatches to this backend or raises: never a silent fallback
+            with sdpa_kernel([backend]):
+                return fwd()
+
+        return pinned, inputs, {"backend": SDPA_BACKENDS[op].lower()}
+
+    return build
+
+
+def _build_reduction(op: str) -> Builder:
+    def build(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Any, ...]:
+        torch = _torch()
+        x = _rand(torch, [d["tokens"], d["hidden"]], dtype, device)
+        reduce = getattr(torch, op.split("::")[-1])
+        if d.get("reduce") == "all":
+            return (lambda: reduce(x)), [x]
+        dim = -1 if d.get("reduce") == "last" else 0
+        return (lambda: reduce(x, dim)), [x]
+
+    return build
+
+
+def _build_cat(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+    torch = _torch()
+    xs = [_rand(torch, [d["tokens"], d["hidden"]], dtype, device) for _ in range(d["tensors"])]
+    return (lambda: torch.cat(xs, -1)), xs
+
+
+def _build_gather(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+    torch = _torch()
+    src = _rand(torch, [d["rows"], d["hidden"]], dtype, device)
+    rows = torch.randint(0, d["rows"], (d["tokens"], 1), device=device)
+    index = rows.expand(d["tokens"], d["hidden"])  # whole rows, as an embedding lookup gathers them
+    return (lambda: torch.gather(src, 0, index)), [src]
+
+
+def _build_nll(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
+    torch = _torch()
+    logp = _rand(torch, [d["tokens"], d["vocab"]], dtype, device)
+    target = torch.randint(0, d["vocab"], (d["tokens"],), device=device)
+    nll = torch.nn.functional.nll_loss
+    return (lambda: nll(logp, target)), [logp]
 
 
 def _build_embedding(d: dict[str, Any], dtype: Any, device: Any) -> tuple[Callable[[], Any], list[Any]]:
@@ -287,7 +442,16 @@ def _build_optimizer(op: str) -> Builder:
         params = [torch.nn.Parameter(torch.randn(s, dtype=dtype, device=device)) for s in _param_sizes(d)]
         for p in params:
             p.grad = torch.randn_like(p)
-        cls = torch.optim.AdamW if op == "AdamW" else torch.optim.Adam
+        cls = {"AdamW": torch.optim.AdamW, "Adam": torch.optim.Adam, "SGD": torch.optim.SGD}[op]
+        impl = d.get("impl")
+        if impl is not None:  # as traced: a fused step this device cannot run is skipped, not replaced
+            flags = {"fused": {"fused": True}, "foreach": {"foreach": True}, "forloop": {"foreach": False}}[impl]
+            try:
+                opt = cls(params, lr=1e-4, **flags)
+            except ValueError as exc:  # torch refuses fused= for this device or dtype
+                raise RuntimeError(str(exc)) from exc
+            opt.step()
+            return opt.step, [], {"implementation": impl}
         # Fused (one multi-tensor kernel, like DeepSpeed/Apex FusedAdam in the published runs) where
         # torch supports it for this device and dtype, else foreach; the choice goes to params_json.
         try:
@@ -316,17 +480,33 @@ OP_SPECS: dict[tuple[str, str], OpSpec] = {
         *(_spec("gemm", op, "batch m n k", _record_gemm(op), _build_gemm(op)) for op in ("aten::bmm", "aten::baddbmm")),
         _spec("attention", "aten::scaled_dot_product_attention", "batch heads seq_q seq_k head_dim",
               _record_attention, _build_attention, causal=False),
-        _spec("softmax", "aten::softmax", _ROWS, _record_rows("aten::softmax"), _build_rows("aten::softmax")),
+        *(_spec("attention", op, "batch heads seq_q seq_k head_dim", _record_sdpa_backend(op), _build_sdpa_backend(op),
+                causal=False) for op in SDPA_BACKENDS),
+        *(_spec("softmax", op, _ROWS, _record_rows(op), _build_rows(op))
+          for op in ("aten::softmax", "aten::log_softmax")),
         *(_spec("norm", op, _ROWS, _record_rows(op), _build_rows(op)) for op in ("aten::layer_norm", "aten::rms_norm")),
         *(_spec("elementwise", op, _ROWS, _record_rows(op), _build_rows(op))
           for op in ("aten::gelu", "aten::silu", "aten::mul")),
         # add's backward only passes the gradient through: there is no kernel to time.
-        _spec("elementwise", "aten::add", _ROWS, _record_rows("aten::add"), _build_rows("aten::add"), bwd=False),
-        *(_spec("elementwise", op, _ROWS, _record_inplace(op), _build_inplace(op), bwd=False) for op in INPLACE_OPS),
+        _spec("elementwise", "aten::add", _ROWS, _record_rows("aten::add"), _build_rows("aten::add"), bwd=False,
+              broadcast=None, other_dtype=None),
+        *(_spec("elementwise", op, _ROWS, _record_inplace(op), _build_inplace(op), bwd=False)
+          for op in INPLACE_OPS if op != "aten::copy_"),
+        # a copy within the device (a memcpy when the dtypes agree, a cast kernel when not) or from host memory
+        _spec("elementwise", "aten::copy_", _ROWS, _record_inplace("aten::copy_"), _build_inplace("aten::copy_"),
+              bwd=False, src_dtype=None, src=None),
+        # reductions: their backward is an expand, with no kernel to time
+        *(_spec("elementwise", op, _ROWS, _record_rows(op), _build_reduction(op), bwd=False, reduce=None)
+          for op in ("aten::sum", "aten::mean")),
+        _spec("elementwise", "aten::cat", "tensors tokens hidden", _record_cat, _build_cat, bwd=False),
+        # an embedding lookup as recent torch runs it (index_select through gather); its backward in
+        # training is embedding_dense_backward, sampled as the bwd of aten::embedding
+        _spec("elementwise", "aten::gather", "rows tokens hidden", _record_gather, _build_gather, bwd=False),
         _spec("embedding", "aten::embedding", "tokens vocab hidden", _record_embedding, _build_embedding),
         _spec("loss", "aten::cross_entropy_loss", "tokens vocab", _record_loss, _build_loss),
+        _spec("loss", "aten::nll_loss", "tokens vocab", _record_nll, _build_nll),
         *(_spec("optimizer", f"Optimizer.step#{name}.step", "params", _record_optimizer, _build_optimizer(name),
-                bwd=False, tensors=1) for name in ("Adam", "AdamW")),
+                bwd=False, tensors=1, impl=None) for name in ("Adam", "AdamW", "SGD")),
     ]
 }  # fmt: skip
 """Every (family, op) the compute sampler knows."""
@@ -346,9 +526,12 @@ def spec_for(point: GridPoint) -> OpSpec:
 def resolved_dims(point: GridPoint) -> dict[str, Any]:
     """The point's dimensions with defaults filled in and ``seq`` expanded to ``seq_q``/``seq_k``.
 
+    Optional dimensions whose default is None (``OPTION_VALUES`` variants, ``broadcast``) are left
+    out unless given, so points without them keep their sample ids.
+
     Raises:
-        SampleError: a required dimension is missing, a dimension is unknown, or a size is not a
-            positive integer.
+        SampleError: a required dimension is missing, a dimension is unknown, a size is not a
+            positive integer, or a variant is not one of its ``OPTION_VALUES``.
     """
     spec = spec_for(point)
     dims = dict(spec.defaults)
@@ -367,8 +550,14 @@ def resolved_dims(point: GridPoint) -> dict[str, Any]:
             + (f"; unknown: {', '.join(unknown)}" if unknown else "")
             + (f"; missing: {', '.join(missing)}" if missing else "")
         )
+    dims = {k: v for k, v in dims.items() if v is not None}  # an optional variant left at its default
     for name, value in dims.items():
-        if name == "causal":
+        if name in OPTION_VALUES:
+            if value not in OPTION_VALUES[name]:
+                raise SampleError(
+                    f"{point.family}:{point.op}: {name} must be one of {', '.join(OPTION_VALUES[name])}, not {value!r}"
+                )
+        elif name == "causal":
             if not isinstance(value, bool):
                 raise SampleError(f"{point.family}:{point.op}: causal must be true or false, not {value!r}")
         elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -416,7 +605,7 @@ def build(point: GridPoint, device: str, autograd: bool = True) -> Built:
         raise SampleError(f"{point.op} has no backward to sample; list it with directions: [fwd]")
     fwd, inputs, *info = spec.builder(dims, getattr(torch, point.dtype), torch.device(device))
     params: dict[str, Any] = dict(info[0]) if info else {}
-    if spec.family == "attention":
+    if point.op == "aten::scaled_dot_product_attention":  # the backend ops pin their own
         fwd, params["backend"] = _attention_backend(fwd, device, point.dtype)
     if point.direction == "fwd":
         if autograd:

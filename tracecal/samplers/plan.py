@@ -18,7 +18,7 @@ import duckdb
 
 from tracecal.errors import SampleError
 from tracecal.samplers.compute import ComputeSettings
-from tracecal.samplers.from_run import run_points
+from tracecal.samplers.from_run import RunPlan, run_points
 from tracecal.samplers.grid import GridPoint, load_grid, shard, with_dtypes
 
 
@@ -35,6 +35,8 @@ class ComputePlan:
     """Per point, what goes to ``params_json`` beside the sampler's own (``--from-run``: the traced ops)."""
     unmapped: dict[tuple[str, str], int] = field(default_factory=dict)
     """``--from-run``: (CPU op, reason) -> distinct traced calls no sampler covers."""
+    run: RunPlan | None = None
+    """``--from-run``: the traced calls' own points and the operator time they cover."""
 
 
 def compute_plan(
@@ -47,11 +49,15 @@ def compute_plan(
     parts: int = 1,
     part: int = 1,
     inference: bool = False,
+    exact: bool = False,
 ) -> ComputePlan:
     """The points of a grid (``config``, a path or a shipped name) or of an ingested run
     (``from_run``), with each dtype replaced by ``dtypes`` (a grid) or only calls of ``dtypes`` (a
     run), only ``families``, and part ``part`` of ``parts``. A run's forward calls record autograd
     when the run has a backward phase, whatever ``inference`` says; a grid's unless ``inference``.
+
+    A run's traced shapes come with their ``neighbourhood`` (what calibration needs to fit a model
+    per op), or alone with ``exact``.
 
     Raises:
         SampleError: not exactly one of ``config`` and ``from_run``, a bad grid, a run without compute
@@ -63,7 +69,8 @@ def compute_plan(
     dtype_list = list(dtypes) if dtypes else None
     if from_run is not None:
         run = run_points(con, from_run, dtype_list)
-        plan = ComputePlan(run.points, f"run:{from_run}", run.training, run.params_for, dict(run.unmapped))
+        points = run.points if exact else neighbourhood(run.points)
+        plan = ComputePlan(points, f"run:{from_run}", run.training, run.params_for, dict(run.unmapped), run)
     else:
         grid = load_grid(config or "")
         plan = ComputePlan(with_dtypes(list(grid.points), dtype_list), grid.source, not inference)
