@@ -345,6 +345,12 @@ SAMPLES = Table(
         ("cuda_version", "VARCHAR", "CUDA version; NULL on CPU"),
         ("nccl_version", "VARCHAR", "NCCL version; NULL on CPU / gloo"),
         ("sampled_at", "TIMESTAMP", "when the sample was taken or imported (UTC)"),
+        (
+            "timing",
+            "VARCHAR",
+            "how a measured sample was timed (docs/samples.md#timing): perf_counter, profiler, cuda_burst, "
+            "cuda_events; NULL for imported published samples",
+        ),
     ),
 )
 

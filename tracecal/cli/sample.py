@@ -52,7 +52,10 @@ def compute(
         typer.Option(
             "--timing",
             help="CPU: perf_counter (default), or profiler (each repeat's own torch.profiler events, as a "
-            "CPU trace measures an operator; about twice the sampling time). CUDA uses CUDA events.",
+            "CPU trace measures an operator; about twice the sampling time). CUDA: cuda_burst (default; "
+            "back-to-back calls, launch overhead hidden and fixed costs subtracted), profiler (the kernels' "
+            "durations, as a GPU trace measures them) or cuda_events (one call between events). "
+            "docs/samples.md#timing.",
         ),
     ] = None,
     passes: Annotated[

@@ -30,13 +30,14 @@ from tracecal.samplers import cases
 from tracecal.samplers.concurrent import measure_concurrently
 from tracecal.samplers.grid import GridPoint
 from tracecal.samplers.timing import (
-    L2_FLUSH_BYTES,
     SamplerEnv,
     check_timing,
     default_timing,
+    method_in_sample_id,
     sampler_env,
     summarize,
     time_call,
+    timing_params,
 )
 from tracecal.schema import SAMPLES, arrow_schema
 from tracecal.sql.samples import existing_sample_ids, sample_id, write_samples
@@ -110,14 +111,14 @@ def point_sample_id(
 ) -> str:
     """The ``sample_id`` a point gets: cluster, source, op, direction, its shape columns, its grid
     dimensions (some, like the optimizer's tensor count, are not shape columns), the device, the
-    timing method when it is ``profiler`` and the concurrent processes when more than one (different
-    measurements of the same call)."""
+    timing method unless it is one stored before methods were (``timing.method_in_sample_id``) and
+    the concurrent processes when more than one (different measurements of the same call)."""
     features = dict(cases.shape_columns(point))
     features.update({f"dim.{k}": v for k, v in cases.resolved_dims(point).items()})
     features["device_name"] = device_name
     if not autograd and point.direction == "fwd":
         features["inference"] = True  # only when set, so training-mode ids stay as they were
-    if timing == "profiler":
+    if timing is not None and method_in_sample_id(timing):
         features["timing"] = timing  # likewise: perf_counter and CUDA-event ids are unchanged
     if processes > 1:
         features["processes"] = processes  # likewise: one-process ids are unchanged
@@ -315,7 +316,7 @@ def _measure(
         params["threads"] = torch.get_num_threads()
     else:  # fp32 GEMMs differ several-fold with TF32: say which was timed
         params["allow_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
-        params["l2_flush_bytes"] = L2_FLUSH_BYTES
+    params.update(timing_params(timing, settings.device))
     params.update(built.params)
     if extra_params is not None:
         params.update(extra_params(point))
@@ -336,6 +337,7 @@ def _measure(
         repeats=stats.repeats,
         source=SOURCE,
         source_file=settings.source_file,
+        timing=timing,
         params_json=msgspec.json.encode(params).decode(),
         torch_version=env.torch_version,
         cuda_version=env.cuda_version,

@@ -110,7 +110,7 @@ def neighbourhood(points: Sequence[GridPoint]) -> list[GridPoint]:
 def run_settings(cluster: str, device: str, run_id: str, repeats: int, passes: int, processes: int) -> ComputeSettings:
     """How to sample the shapes of a run traced on this machine: on CPU, as many concurrent samplers
     as the workload had ranks (each traced operator ran while the other ranks competed for the cores,
-    caches and memory bandwidth); on a GPU, one sampler timing with CUDA events. On both, the repeats
+    caches and memory bandwidth); on a GPU, one sampler (timed by ``timing.default_timing``). On both, the repeats
     of a shape spread over passes, so a burst of load from other jobs disturbs one pass of many
     shapes, not every repeat of a few."""
     cuda = device == "cuda"

@@ -252,7 +252,7 @@ def read_parquet_samples(path: Path, cluster: str | None = None) -> pa.Table:
                 f"{file} was exported with samples schema version {int(version)}, this tracecal reads "
                 f"{SCHEMA_VERSION}; export it again with this version"
             )
-        table = conform_samples(table.replace_schema_metadata(None), origin=str(file))
+        table = with_timing_from_params(conform_samples(table.replace_schema_metadata(None), origin=str(file)))
         if cluster is not None:
             present = sorted(set(table.column("cluster").to_pylist()))
             table = table.filter(pc.equal(table.column("cluster"), cluster))
@@ -264,6 +264,31 @@ def read_parquet_samples(path: Path, cluster: str | None = None) -> pa.Table:
         tables.append(table)
     combined = pa.concat_tables(tables)
     return conform_samples(combined, origin=str(path))
+
+
+def with_timing_from_params(table: pa.Table) -> pa.Table:
+    """``table`` with each NULL ``timing`` taken from ``params_json``'s ``timing`` key where it has one:
+    files exported before the column existed keep saying how their samples were timed."""
+    timing = table.column("timing")
+    if timing.null_count == 0:
+        return table
+    filled = [
+        method if method is not None else _params_timing(params)
+        for method, params in zip(timing.to_pylist(), table.column("params_json").to_pylist(), strict=True)
+    ]
+    index = table.schema.get_field_index("timing")
+    return table.set_column(index, table.schema.field(index), pa.array(filled, type=pa.string()))
+
+
+def _params_timing(params_json: str | None) -> str | None:
+    if not params_json:
+        return None
+    try:
+        params = msgspec.json.decode(params_json)
+    except msgspec.DecodeError:
+        return None
+    method = params.get("timing") if isinstance(params, dict) else None
+    return method if isinstance(method, str) else None
 
 
 def import_parquet(con: duckdb.DuckDBPyConnection, path: Path, cluster: str | None = None) -> int:

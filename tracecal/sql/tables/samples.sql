@@ -43,7 +43,8 @@ CREATE TABLE IF NOT EXISTS samples (
     torch_version VARCHAR,
     cuda_version  VARCHAR,
     nccl_version  VARCHAR,
-    sampled_at    TIMESTAMP
+    sampled_at    TIMESTAMP,
+    timing        VARCHAR
 );
 COMMENT ON TABLE samples IS 'Microbenchmark samples of compute operators and collectives, measured or imported, per cluster.';
 COMMENT ON COLUMN samples.sample_id IS 'stable id: hash of cluster, source, op, direction and features';
@@ -89,3 +90,4 @@ COMMENT ON COLUMN samples.torch_version IS 'torch version of the sampler';
 COMMENT ON COLUMN samples.cuda_version IS 'CUDA version; NULL on CPU';
 COMMENT ON COLUMN samples.nccl_version IS 'NCCL version; NULL on CPU / gloo';
 COMMENT ON COLUMN samples.sampled_at IS 'when the sample was taken or imported (UTC)';
+COMMENT ON COLUMN samples.timing IS 'how a measured sample was timed (docs/samples.md#timing): perf_counter, profiler, cuda_burst, cuda_events; NULL for imported published samples';
