@@ -80,8 +80,37 @@ def predict(
             "that cluster's largest sampled node size).",
         ),
     ] = None,
+    attribute: Annotated[
+        bool,
+        typer.Option(
+            "--attribute",
+            help="Split each component's error into the schedule's share (the measured replay's error), each op "
+            "family's share (that family predicted, the rest measured) and their interaction.",
+        ),
+    ] = False,
+    figures: Annotated[
+        Path | None,
+        typer.Option(
+            "--figures",
+            help="Directory for PNG figures: the slowest rank's timeline, with --attribute the attribution.",
+        ),
+    ] = None,
     fmt: Annotated[str, typer.Option("--format", help="table, csv or json.")] = "table",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write csv/json to this file.")] = None,
+    layout: Annotated[
+        str | None,
+        typer.Option(
+            "--layout",
+            help="What-if: rebuild the iteration of the same model at PPxTPxDP (e.g. 8x4x4) and predict it "
+            "(decoded GPT-NeoX runs; see docs/what-if.md). Stores nothing.",
+        ),
+    ] = None,
+    micro_batches: Annotated[
+        int | None, typer.Option("--micro-batches", min=1, help="With --layout: micro-batches per data-parallel rank.")
+    ] = None,
+    micro_batch_size: Annotated[
+        int | None, typer.Option("--micro-batch-size", min=1, help="With --layout: samples per micro-batch.")
+    ] = None,
     db: DbOption = None,
 ) -> None:
     """Replay the best iteration of RUN across all ranks and report measured vs predicted time per rank
@@ -100,6 +129,13 @@ def predict(
             raise PredictionError(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
         factors = parse_scale(scale or [])
         resolved = _resolve_mode(mode, cluster, scale or [])
+        if layout is not None or micro_batches is not None or micro_batch_size is not None:
+            from tracecal.cli.search import predict_at_layout
+
+            return predict_at_layout(
+                run, layout, cluster=cluster, mode=resolved, micro_batches=micro_batches,
+                micro_batch_size=micro_batch_size, gpus_per_node=gpus_per_node, replay=replay, db=db,
+            )  # fmt: skip
         settings = Settings.resolve(db)
         with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
             model = None
@@ -129,6 +165,15 @@ def predict(
                 pred = with_published_iteration(con, run, pred)
             store_prediction(con, run, pred, cluster=cluster)
         table = _rows_ms(pred)
+        attribution = None
+        if attribute:
+            from tracecal.predict.attribution import as_percent, component_attribution
+
+            attribution = component_attribution(pred)
+            parts = as_percent(attribution).drop("measured_ns", "predicted_ns", "error_pct")
+            table = table.join(parts, on=["rank", "component"], how="left", maintain_order="left")
+        if figures is not None:
+            _predict_figures(figures, run, pred, attribution)
         if resolved == "predicted" and pred.coverage["all"] == 0:
             warn(f"no operator of {run} is covered by cluster {cluster}'s models: every duration kept measured")
         elif resolved == "predicted" and uncovered_families(pred.coverage):
@@ -149,11 +194,52 @@ def predict(
                 typer.echo(text, nl=False)
             return
         _render(run, stored.iteration, resolved, cluster, pred, table)
+        if attribution is not None:
+            _render_attribution(run, attribution)
         if decoded:
             stdout.print(
                 "decoded run: the iteration is measured by the published best iteration's train_batch; the "
                 "other components compare the replay with the rebuilt trace (gaps between kernels kept as measured)"
             )
+
+
+def _predict_figures(directory: Path, run: str, pred: Prediction, attribution: pl.DataFrame | None) -> None:
+    """The slowest rank's measured vs replayed timeline and, with an attribution, its figure."""
+    import polars as pl
+
+    from tracecal.predict.figures import rank_timeline
+
+    slow = int(pred.iteration_error().sort("measured_ns", descending=True)["rank"][0])
+    made = [rank_timeline(pred, slow, directory / f"timeline_{run}_rank{slow}.png", f"{run} rank {slow}")]
+    if attribution is not None:
+        made.append(_attribution_figure(attribution.with_columns(pl.lit(run).alias("run_id")), directory))
+    stdout.print(f"figures: {', '.join(map(str, made))}")
+
+
+def _attribution_figure(per_rank: pl.DataFrame, directory: Path) -> Path:
+    """``attribution.png`` of per-rank attribution rows (with run_id), scored per run."""
+    from tracecal.predict.attribution import as_percent, long_form, run_attribution
+    from tracecal.predict.figures import error_attribution
+
+    summary = as_percent(run_attribution(per_rank))
+    return error_attribution(long_form(summary, ["run_id", "component"]), directory / "attribution.png")
+
+
+def _render_attribution(title: str, attribution: pl.DataFrame) -> None:
+    """The attribution across ranks (busy components summed, the iteration of the slowest rank)."""
+    import polars as pl
+
+    from tracecal.predict.attribution import as_percent, percent_columns, run_attribution
+
+    summary = as_percent(run_attribution(attribution)).filter(pl.col("error_pct").is_not_null())
+    parts = percent_columns(summary)
+    header = ["component", "error %", *[p.removesuffix("_pct").removeprefix("family_") + " %" for p in parts]]
+    rows = [[r["component"], *[_fmt(r[c], 2) for c in ["error_pct", *parts]]] for r in summary.iter_rows(named=True)]
+    render_rows(f"{title}: where the error comes from (% of the measured time, ranks summed)", header, rows)
+    stdout.print(
+        "schedule: the measured-duration replay's error; a family: its durations predicted, every other measured; "
+        "interaction: what the families change together beyond their separate effects. The parts add up to the error."
+    )
 
 
 def _csv(table: pl.DataFrame) -> str:
@@ -268,8 +354,19 @@ def validate(
     fmt: Annotated[str, typer.Option("--format", help="markdown or csv.")] = "markdown",
     output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the table to this file.")] = None,
     figures: Annotated[
-        Path | None, typer.Option("--figures", help="Directory for PNG figures (proportions, stages or a timeline).")
+        Path | None,
+        typer.Option(
+            "--figures", help="Directory for PNG figures (proportions, stages or a timeline; the attribution)."
+        ),
     ] = None,
+    attribute: Annotated[
+        bool,
+        typer.Option(
+            "--attribute",
+            help="Split each component's error into the schedule's share, each op family's share and their "
+            "interaction (columns schedule_pct, family_<name>_pct, interaction_pct).",
+        ),
+    ] = False,
     db: DbOption = None,
 ) -> None:
     """Predict every run and print its error table. Decoded GPT-NeoX runs are scored like the published
@@ -302,10 +399,14 @@ def validate(
                 from tracecal.predict.models import load_duration_model
 
                 model = load_duration_model(con, model_store_dir(settings.db_path), cluster)
+            if attribute and resolved == "measured":
+                raise PredictionError(
+                    "--attribute splits a prediction's error by family: pass --cluster NAME or --scale FAMILY=FACTOR"
+                )
             if decoded:
-                _validate_published(con, decoded, resolved, model, cluster, fmt, output, figures)
+                _validate_published(con, decoded, resolved, model, cluster, factors, fmt, output, figures, attribute)
             if traced:
-                _validate_traced(con, traced, resolved, model, cluster, factors, fmt, output, figures)
+                _validate_traced(con, traced, resolved, model, cluster, factors, fmt, output, figures, attribute)
 
 
 def _emit(text: str, output: Path | None, what: str) -> None:
@@ -317,14 +418,17 @@ def _emit(text: str, output: Path | None, what: str) -> None:
         typer.echo(text, nl=False)
 
 
-def _validate_published(con, run_ids, mode, model, cluster, fmt, output, figures) -> None:
+def _validate_published(con, run_ids, mode, model, cluster, factors, fmt, output, figures, attribute) -> None:
     """Decoded runs: the published Table 9 components, ours beside the published."""
     import polars as pl
 
     from tracecal.predict import published
     from tracecal.predict.published_runs import validate_decoded_run
 
-    results = [validate_decoded_run(con, r, mode=mode, model=model, cluster=cluster) for r in run_ids]
+    results = [validate_decoded_run(con, r, mode=mode, model=model, cluster=cluster, scale=factors) for r in run_ids]
+    if attribute:
+        _published_attribution(con, results, fmt, output, figures)
+        return
     frames = [v.components for v in results]
     table = published.summary(frames)
     text = published.to_csv(frames) if fmt == "csv" else published.to_markdown(frames, table)
@@ -349,7 +453,62 @@ def _validate_published(con, run_ids, mode, model, cluster, fmt, output, figures
         )  # fmt: skip
 
 
-def _validate_traced(con, run_ids, mode, model, cluster, factors, fmt, output, figures) -> None:
+def _published_attribution(con, results, fmt, output, figures) -> None:
+    """Decoded runs with --attribute: every Table 9 cell's error split by the schedule and families."""
+    import polars as pl
+
+    from tracecal.predict.attribution import as_percent, long_form, percent_columns, published_attribution
+    from tracecal.predict.published import EDITED_NOTE
+    from tracecal.predict.published_runs import traced_ranks
+    from tracecal.predict.store import module_members
+
+    frames = []
+    for v in results:
+        members = module_members(con, v.run_id, v.stored.iteration)
+        cells = published_attribution(v.prediction, members, traced_ranks(con, v.run_id), v.components)
+        frames.append(as_percent(cells).join(v.components.select("run_id", "component", "published_error_pct"),
+                                             on=["run_id", "component"], how="left"))  # fmt: skip
+    table = pl.concat(frames, how="diagonal_relaxed")
+    labelled = table.with_columns(
+        pl.when(pl.col("hand_edited")).then(pl.col("component") + "*").otherwise(pl.col("component")).alias("component")
+    )
+    parts = percent_columns(table)
+    if fmt == "csv":
+        text = labelled.select(
+            "run_id",
+            "component",
+            (pl.col("measured_ns", "predicted_ns") / 1e6).round(3).name.map(lambda c: c.replace("_ns", "_ms")),
+            pl.col("error_pct", "published_error_pct", *parts).round(2),
+        ).write_csv()
+    else:
+        text = _attribution_markdown(labelled, parts) + f"\n{EDITED_NOTE}\n"
+    _emit(text, output, f"the error attribution of {len(results)} runs")
+    if figures is not None:
+        path = figures / "attribution.png"
+        from tracecal.predict.figures import error_attribution
+
+        stdout.print(f"figures: {error_attribution(long_form(table, ['run_id', 'component']), path)}")
+
+
+def _attribution_markdown(table: pl.DataFrame, parts: list[str]) -> str:
+    """Per run: component, error % and its parts, one Markdown table each."""
+    import polars as pl
+
+    lines = []
+    for run_id in dict.fromkeys(table["run_id"].to_list()):
+        rows = table.filter(pl.col("run_id") == run_id)
+        present = [p for p in parts if rows[p].is_not_null().any()]
+        header = ["component", "error %", *[p.removesuffix("_pct").removeprefix("family_") + " %" for p in present]]
+        lines += [f"### {run_id}: where the error comes from", "", "| " + " | ".join(header) + " |"]
+        lines.append("|---|" + "|".join("---:" for _ in header[1:]) + "|")
+        for r in rows.iter_rows(named=True):
+            cells = ["" if r[c] is None else f"{r[c]:+.2f}" for c in ["error_pct", *present]]
+            lines.append("| " + " | ".join([r["component"], *cells]) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _validate_traced(con, run_ids, mode, model, cluster, factors, fmt, output, figures, attribute) -> None:
     """Traced runs: component error % across runs."""
     import polars as pl
 
@@ -360,6 +519,28 @@ def _validate_traced(con, run_ids, mode, model, cluster, factors, fmt, output, f
     for run_id in run_ids:
         _, pred = predict_stored_run(con, run_id, mode=mode, cluster=cluster, model=model, scale=factors)
         results.append((run_id, pred))
+    if attribute:
+        from tracecal.predict.attribution import as_percent, component_attribution, percent_columns, run_attribution
+
+        per_rank = pl.concat(
+            [component_attribution(p).with_columns(pl.lit(r).alias("run_id")) for r, p in results],
+            how="diagonal_relaxed",
+        )
+        table = as_percent(run_attribution(per_rank))
+        parts = percent_columns(table)
+        if fmt == "csv":
+            text = table.select(
+                "run_id",
+                pl.col("component").replace("iteration", "overall"),
+                (pl.col("measured_ns", "predicted_ns") / 1e6).name.map(lambda c: c.replace("_ns", "_ms")),
+                pl.col("error_pct", *parts),
+            ).write_csv(float_precision=4)
+        else:
+            text = _attribution_markdown(table.filter(pl.col("error_pct").is_not_null()), parts)
+        _emit(text, output, f"the error attribution of {len(results)} runs")
+        if figures is not None:
+            stdout.print(f"figures: {_attribution_figure(per_rank, figures)}")
+        return
     comps = pl.concat([p.components.with_columns(pl.lit(r).alias("run_id")) for r, p in results])
     table = error_table(comps)
     title = f"component error % ({mode}" + (f", cluster {cluster})" if cluster else ")")

@@ -1,5 +1,7 @@
-"""Figures of a validation (matplotlib, Agg backend, PNG files): component proportions per run and
-the measured vs replayed timeline of one rank. The only module of ``tracecal.predict`` that plots."""
+"""Figures of a validation (matplotlib, Agg backend, PNG files): component proportions per run, the
+measured vs replayed timeline of one rank, the published comparison's stages and shares, and where
+each component's error comes from (the attribution). The only module of ``tracecal.predict`` that
+plots."""
 
 from __future__ import annotations
 
@@ -166,5 +168,60 @@ def published_stage_times(stages: pl.DataFrame, path: Path) -> Path:
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+PART_COLORS = {"schedule": "#8C8C8C", "interaction": "#D0D0D0"}
+"""Colours of the two attribution parts that are not a family (families take the tab20 colours)."""
+
+
+def error_attribution(parts: pl.DataFrame, path: Path) -> Path:
+    """Where each component's error comes from, one panel per run: per component a horizontal bar of
+    signed parts (the schedule, each family, the interaction; positive parts stack right of 0,
+    negative ones left) and a black mark at the component's error. ``parts``: the long form of an
+    attribution (``attribution.long_form``: run_id, component, error_pct, part, share_pct)."""
+    plt = _pyplot()
+    runs = list(dict.fromkeys(parts["run_id"].to_list()))
+    names = list(dict.fromkeys(parts["part"].to_list()))
+    families = sorted(n for n in names if n not in PART_COLORS)
+    palette = plt.get_cmap("tab20")
+    colors = {**PART_COLORS, **{f: palette(i % 20) for i, f in enumerate(families)}}
+    cols = min(2, max(1, len(runs)))
+    rows = -(-len(runs) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.4 * rows), squeeze=False)
+    for ax, run in zip(axes.flat, runs, strict=False):
+        run_parts = parts.filter(pl.col("run_id") == run)
+        components = list(dict.fromkeys(run_parts.filter(pl.col("error_pct").is_not_null())["component"].to_list()))
+        y = np.arange(len(components), dtype=float)
+        pos, neg = np.zeros(len(components)), np.zeros(len(components))
+        for name in ["schedule", *families, "interaction"]:
+            sel = run_parts.filter(pl.col("part") == name)
+            share = dict(zip(sel["component"].to_list(), sel["share_pct"].fill_null(0.0).to_list(), strict=True))
+            values = np.array([share.get(c, 0.0) for c in components], dtype=float)
+            left = np.where(values >= 0, pos, neg)
+            ax.barh(y, values, left=left, color=colors[name], edgecolor="white", lw=0.3, height=0.7, label=name)
+            pos += np.clip(values, 0, None)
+            neg += np.clip(values, None, 0)
+        errors = run_parts.unique(["component"], keep="first", maintain_order=True)
+        err = dict(zip(errors["component"].to_list(), errors["error_pct"].to_list(), strict=True))
+        ax.scatter([err[c] for c in components], y, marker="D", s=14, color="black", zorder=3, label="error")
+        ax.axvline(0, color="black", lw=0.5)
+        ax.set_yticks(y, components, fontsize=7)
+        ax.invert_yaxis()
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_xlabel("% of the measured component time", fontsize=7)
+        ax.set_title(run, fontsize=8)
+    for ax in list(axes.flat)[len(runs) :]:
+        ax.set_visible(False)
+    legend: dict[str, object] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    fig.legend(list(legend.values()), list(legend), fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 0.95))
+    fig.suptitle("where the error comes from: the schedule, each family predicted alone, their interaction", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(fig)
     return path

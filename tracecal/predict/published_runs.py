@@ -10,6 +10,7 @@ rules. See ``docs/published-runs.md``.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import duckdb
@@ -65,6 +66,7 @@ def validate_decoded_run(
     mode: str = "predicted",
     model: DurationModel | None = None,
     cluster: str | None = None,
+    scale: Mapping[str, float] | None = None,
 ) -> PublishedValidation:
     """Replay a decoded run and compare its module times with the published measurements.
 
@@ -72,7 +74,7 @@ def validate_decoded_run(
         RunNotFoundError, PredictionError: the run is missing, not decoded, or cannot be replayed.
     """
     meta = _metadata(con, run_id)
-    stored, pred = predict_stored_run(con, run_id, mode=mode, model=model, cluster=cluster)
+    stored, pred = predict_stored_run(con, run_id, mode=mode, model=model, cluster=cluster, scale=scale)
     times = module_times(module_members(con, run_id, stored.iteration), pred)
     ranks = traced_ranks(con, run_id)
     predicted = per_position(times, ranks, "predicted_us")
