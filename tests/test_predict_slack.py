@@ -126,3 +126,82 @@ def test_cpu_only_ranks_keep_measured_gaps_so_nothing_is_absorbed() -> None:
     g = build_graph(cpu_pipeline())
     assert g.absorbed.edge.size == 0
     assert np.array_equal(replay(g, kind="dependency"), replay(g))
+
+
+def busy_stream_at_start(*, carry_in: bool) -> ReplayInputs:
+    """One GPU rank whose CPU ran ahead: k1 was launched at 0 but its stream was still busy with the
+    previous iteration's work until 50; then a copy to pageable host memory blocks its call, and two
+    kernels follow on an idle stream (launch latency 10).
+
+    launch [0,10] -> k1 [50,90]; cudaMemcpyAsync [20,105] -> copy [90,100] (returns 5 after it ends);
+    launch [110,115] -> k2 [120,130]; launch [140,145] -> k3 [150,160].
+    """
+    acts = pl.DataFrame(
+        {
+            "rank": [0] * 4,
+            "event_id": [10, 11, 12, 13],
+            "kind": ["kernel", "memcpy", "kernel", "kernel"],
+            "name": ["k1", "Memcpy DtoH", "k2", "k3"],
+            "ts_ns": [50, 90, 120, 150],
+            "dur_ns": [40, 10, 10, 10],
+            "stream": [7] * 4,
+            "cpu_tid": [1] * 4,
+            "runtime_event_id": [1, 2, 3, 4],
+            "family": ["gemm", "memcpy", "elementwise", "elementwise"],
+            "component": ["compute_fwd", "memcpy", "compute_fwd", "compute_fwd"],
+        }
+    )
+    rt = pl.DataFrame(
+        {
+            "rank": [0] * 4,
+            "event_id": [1, 2, 3, 4],
+            "name": ["cudaLaunchKernel", "cudaMemcpyAsync", "cudaLaunchKernel", "cudaLaunchKernel"],
+            "ts_ns": [0, 20, 110, 140],
+            "dur_ns": [10, 85, 5, 5],
+            "tid": [1] * 4,
+        },
+        schema=RUNTIME_SCHEMA,
+    )
+    coll = pl.DataFrame(
+        schema={"rank": pl.Int64, "event_id": pl.Int64, "match_id": pl.Int64, "name": pl.String, "role": pl.String}
+    )
+    if not carry_in:
+        return ReplayInputs(acts, coll, rt, _ranks(1, 170))
+    before = pl.DataFrame({"rank": [0], "stream": [7], "busy_until_ns": [50]})
+    return ReplayInputs(acts, coll, rt, _ranks(1, 170), carry_in=before)
+
+
+def test_a_stream_busy_before_the_iteration_holds_its_first_kernel_back() -> None:
+    # without the carry-in, the first kernel can start right after its launch: the dependency replay
+    # moves the iteration's start 40 ns earlier and the span grows by that much
+    loose = build_graph(busy_stream_at_start(carry_in=False))
+    k1 = _node(loose, 0, "k1")
+    assert replay(loose, kind="dependency").reshape(-1, 2)[k1, 0] == 10
+    # with it, the stream's earlier work is a fixed point before k1 and nothing is left unexplained
+    g = build_graph(busy_stream_at_start(carry_in=True))
+    k1 = _node(g, 0, "k1")
+    assert g.nodes.filter(pl.col("node_kind") == "carry_in")["start_ns"].to_list() == [50]
+    dep = replay(g, kind="dependency").reshape(-1, 2)
+    assert dep[k1].tolist() == [50, 90]
+    assert g.absorbed.ns.size == 0
+    # a carry-in is no operator and not in the span: the iteration runs from k1's start to k3's end
+    assert predict_iteration(g).iteration_error()["predicted_ns"].to_list() == [110]
+
+
+def test_a_call_that_returns_after_its_own_copy_waits_for_it_once() -> None:
+    g = build_graph(busy_stream_at_start(carry_in=True))
+    call = g.nodes.filter(pl.col("name") == "cudaMemcpyAsync")["node"].item()
+    copy = _node(g, 0, "Memcpy DtoH")
+    assert g.nodes["duration_role"][call] == "sync"
+    sync = np.flatnonzero((g.edge_kind == EDGE_KINDS.index("sync")) & (g.dst == 2 * call + 1))
+    assert g.src[sync].tolist() == [2 * copy + 1] and g.lag[sync].tolist() == [5]
+    assert np.array_equal(replay(g, kind="dependency"), g.measured_times)
+    # the wait is not held in the call's duration: when the kernel before the copy takes 30 ns
+    # longer, the call returns 30 ns later, and when it takes 30 ns less, 30 ns earlier (no earlier
+    # than its start plus the return latency)
+    k1 = _node(g, 0, "k1")
+    for delta in (30, -30):
+        dur = g.nodes["dur_ns"].to_numpy().copy()
+        dur[k1] += delta
+        t = replay(g, dur, kind="dependency").reshape(-1, 2)
+        assert t[call, 1] == 105 + delta

@@ -272,9 +272,12 @@ def _thread_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
 
 
 def _stream_and_launch_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
-    gpu = pl.col("node_kind").eq("activity") & pl.col("lane_stream").is_not_null()
-    prev, node = _lane_chain(nodes, gpu, "lane_stream")
+    """Stream order (a stream's carry-in, the end of the work it ran before the iteration, comes
+    first) and launches (runtime call → the activity it launched)."""
+    on_stream = pl.col("node_kind").is_in(["activity", "carry_in"]) & pl.col("lane_stream").is_not_null()
+    prev, node = _lane_chain(nodes, on_stream, "lane_stream")
     b.add(2 * prev + 1, 2 * node, 0, "stream")
+    gpu = pl.col("node_kind").eq("activity") & pl.col("lane_stream").is_not_null()
 
     rt = (
         nodes.lazy()
@@ -346,11 +349,27 @@ def _runtime_calls(nodes: pl.DataFrame, pattern: re.Pattern[str]) -> pl.LazyFram
 def _sync_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
     """A blocking runtime call ends after the activity it waited for: the latest-ending activity
     launched before it, when that one ended while the call was blocked (else no edge: the call
-    waited for nothing, or for one stream while another was still busy)."""
+    waited for nothing, or for one stream while another was still busy). Its own duration becomes
+    the return latency, so the wait counts once: a shorter or longer awaited activity moves its end.
+
+    Blocking calls are those named so (``BLOCKING_CALL``) and any call that returned only after the
+    activity it launched had finished (a copy to pageable host memory, ``.item()``): whatever its
+    name, it waited for its own work."""
     launched = _launched(b, nodes)
     if launched is None:
         return
-    blocking = _runtime_calls(nodes, BLOCKING_CALL).select("node", "rank", "start_ns", "end_ns").collect()
+    rt_nodes, act_nodes = b.launch_pairs  # type: ignore[misc]
+    waited_for_own = np.unique(rt_nodes[b.end[act_nodes] <= b.end[rt_nodes]])
+    blocking = (
+        pl.concat(
+            [
+                _runtime_calls(nodes, BLOCKING_CALL).select("node").collect(),
+                pl.DataFrame({"node": waited_for_own}, schema={"node": pl.Int64}),
+            ]
+        )
+        .unique("node")
+        .join(nodes.select("node", "rank", "start_ns", "end_ns"), on="node", how="inner")
+    )
     if blocking.height == 0:
         return
     # running max of the end over launch order per rank, with the activity that holds it

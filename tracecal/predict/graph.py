@@ -1,16 +1,17 @@
 """Dependency graph of one iteration across all ranks (see docs/replay.md), as timed points and lagged edges.
 
 Every node (a GPU activity, a CPU operator, a runtime call, a collective instance, an iteration
-marker) is two points: its start ``2·node`` and its end ``2·node + 1``. An edge ``src → dst`` with lag
-``ℓ`` says "``dst`` happens no earlier than ``src + ℓ``"; a point happens at the latest of its incoming
-constraints (a root at its measured time). The edges:
+marker, a stream's carry-in) is two points: its start ``2·node`` and its end ``2·node + 1``. An edge
+``src → dst`` with lag ``ℓ`` says "``dst`` happens no earlier than ``src + ℓ``"; a point happens at the
+latest of its incoming constraints (a root at its measured time). The edges:
 
 =============  ============================================================================  =========
 kind           meaning                                                                       lag
 =============  ============================================================================  =========
 duration       start → end of a node                                                         its duration
 thread         previous CPU op on the thread → next (measured gap kept)                      gap
-stream         previous activity on a GPU stream → next                                      ≤ gap, 0
+stream         previous activity on a GPU stream → next (the first after the stream's        ≤ gap, 0
+               carry-in: the end of the earlier work it ran before the iteration)
 launch         runtime call start → the activity it launched (correlation)                   ≤ launch latency
 sync           awaited GPU activity end → end of a blocking call (device/stream synchronize,  return latency
                synchronous memcpy)
@@ -47,6 +48,9 @@ from tracecal.predict.edges import EDGE_KINDS, Absorbed, infer_edges
 GPU_KINDS = ("kernel", "memcpy", "memset")
 """Operator kinds that run on a GPU stream (the rest are CPU operators of CPU-only traces)."""
 
+CARRY_IN_SCHEMA = {"rank": pl.Int64, "stream": pl.Int64, "busy_until_ns": pl.Int64}
+"""``ReplayInputs.carry_in``: per GPU stream, the end of the work it ran before the iteration."""
+
 
 @dataclass(frozen=True)
 class ReplayInputs:
@@ -63,12 +67,16 @@ class ReplayInputs:
             ts_ns, dur_ns, tid. Empty for CPU-only traces.
         ranks: one row per rank: rank, clock_offset_ns, window_start_ns, window_end_ns (the
             iteration marker on the CPU), main_tid (the marker's thread; NULL when unknown).
+        carry_in: per GPU stream (rank, stream, busy_until_ns): when the stream finished the work it
+            ran before the iteration's first activity on it (rank clock). Empty when unknown (the
+            iteration's first activity on a stream then waits only for its launch).
     """
 
     activities: pl.DataFrame
     collectives: pl.DataFrame
     runtime: pl.DataFrame
     ranks: pl.DataFrame
+    carry_in: pl.DataFrame = field(default_factory=lambda: pl.DataFrame(schema=CARRY_IN_SCHEMA))
 
 
 @dataclass(frozen=True)
@@ -143,8 +151,8 @@ def build_graph(inputs: ReplayInputs) -> ReplayGraph:
     """Build the dependency graph of one iteration (see the module docstring for the edges).
 
     Node ids: the activities first, in the order of ``inputs.activities`` (node ``i`` is activity row
-    ``i``), then the runtime calls in their order, the collective instances by ``match_id``, and the
-    iteration markers.
+    ``i``), then the runtime calls in their order, the collective instances by ``match_id``, the
+    iteration markers, and the carry-in of each stream still busy with earlier work.
 
     Raises:
         PredictionError: no activities, a node without a time (NULL ``ts_ns``, or NULL iteration
@@ -254,6 +262,7 @@ _KEY_TYPES = {
     "clock_offset_ns": pl.Int64,
     "window_start_ns": pl.Int64,
     "window_end_ns": pl.Int64,
+    "busy_until_ns": pl.Int64,
 }
 
 
@@ -263,7 +272,8 @@ def _normalized(inputs: ReplayInputs) -> ReplayInputs:
     def cast(frame: pl.DataFrame) -> pl.DataFrame:
         return frame.with_columns(pl.col(c).cast(t) for c, t in _KEY_TYPES.items() if c in frame.columns)
 
-    return ReplayInputs(*(cast(f) for f in (inputs.activities, inputs.collectives, inputs.runtime, inputs.ranks)))
+    frames = (inputs.activities, inputs.collectives, inputs.runtime, inputs.ranks, inputs.carry_in)
+    return ReplayInputs(*(cast(f) for f in frames))
 
 
 def _by_rank(table: pl.DataFrame, column: str) -> pl.Expr:
@@ -397,8 +407,41 @@ def _node_table(inputs: ReplayInputs, offsets: pl.DataFrame) -> pl.DataFrame:
     acts = acts.with_columns(
         ((pl.col("family") == "comm").fill_null(False) | pl.col("match_id").is_not_null()).alias("is_comm")
     )
-    frames = [acts.drop("coll_name"), rt, inst, markers]
+    frames = [acts.drop("coll_name"), rt, inst, markers, _carry_in_nodes(inputs.carry_in, acts, offsets)]
     return _stack([f for f in frames if f.height], main_tid=_by_rank(inputs.ranks, "main_tid"))
+
+
+def _carry_in_nodes(carry_in: pl.DataFrame, acts: pl.DataFrame, offsets: pl.DataFrame) -> pl.DataFrame:
+    """One ``carry_in`` node per GPU stream that was still busy with earlier work (the previous
+    iteration's tail) when the iteration's first activity on it was launched: a point at the time the
+    stream became free (aligned, at most the first activity's start), first in the stream's order, so
+    the first activity cannot start before it in any replay. Its time is measured and fixed."""
+    if carry_in.height == 0:
+        return pl.DataFrame()
+    first = (
+        acts.lazy()
+        .filter(pl.col("lane_stream").is_not_null())
+        .group_by("rank", pl.col("lane_stream").alias("stream"))
+        .agg(pl.col("start_ns").min().alias("_first"))
+        .collect()
+    )
+    at = (pl.col("busy_until_ns") + _by_rank(offsets, "_offset").fill_null(0)).clip(upper_bound=pl.col("_first"))
+    return (
+        carry_in.drop_nulls()
+        .join(first, on=["rank", "stream"], how="inner")
+        .select(
+            "rank",
+            at.alias("start_ns"),
+            at.alias("end_ns"),
+            pl.lit(0, pl.Int64).alias("dur_ns"),
+            pl.lit("stream busy before the iteration").alias("name"),
+            pl.col("stream").alias("lane_stream"),
+            pl.lit("carry_in").alias("node_kind"),
+            pl.lit("fixed").alias("duration_role"),
+            pl.lit(False).alias("in_span"),
+        )
+        .sort("rank", "lane_stream")
+    )
 
 
 def _stack(frames: list[pl.DataFrame], *, main_tid: pl.Expr) -> pl.DataFrame:

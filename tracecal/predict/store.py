@@ -72,10 +72,11 @@ def load_iteration(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int |
     colls = _query(con, "predict_collectives", [run_id, iteration])
     colls, paired = pair_unmatched_p2p(colls)
     runtime = _query(con, "predict_runtime", [iteration, run_id])
+    carry_in = _query(con, "predict_stream_carry_in", [run_id, iteration])
     return StoredIteration(
         run_id=run_id,
         iteration=iteration,
-        inputs=ReplayInputs(activities=acts, collectives=colls, runtime=runtime, ranks=ranks),
+        inputs=ReplayInputs(activities=acts, collectives=colls, runtime=runtime, ranks=ranks, carry_in=carry_in),
         measured_iteration_ns=ranks.select("rank", "measured_iteration_ns"),
         paired_p2p=paired,
     )
