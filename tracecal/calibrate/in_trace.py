@@ -23,6 +23,7 @@ import polars as pl
 
 import tracecal.sql
 from tracecal.calibrate.validation import error_metrics
+from tracecal.decode.parameters import StepParameters, parameter_groups
 from tracecal.sql.connection import query_arrow
 
 QUERIES = Path(tracecal.sql.__file__).parent / "queries"
@@ -59,12 +60,51 @@ def traced_rows(con: duckdb.DuckDBPyConnection, cluster: str) -> pl.DataFrame:
     ops = pl.from_arrow(query_arrow(con, (QUERIES / "calibrate_traced_operators.sql").read_text(), [cluster]))
     comms = pl.from_arrow(query_arrow(con, (QUERIES / "calibrate_traced_collectives.sql").read_text(), [cluster]))
     assert isinstance(ops, pl.DataFrame) and isinstance(comms, pl.DataFrame)
+    parameters = {
+        run_id: parameter_groups(query_arrow(con, (QUERIES / "run_parameters.sql").read_text(), [run_id]).to_pylist())
+        for run_id in ops.filter(pl.col("optimizer_step").is_not_null()).get_column("run_id").unique().to_list()
+    }
+    ops = optimizer_steps(ops, parameters).drop("optimizer_step_id", "optimizer_step")
     return pl.concat([per_operator(ops), comms], how="diagonal_relaxed")
+
+
+def optimizer_steps(rows: pl.DataFrame, parameters: dict[str, dict[int, StepParameters]]) -> pl.DataFrame:
+    """The operators inside an ``Optimizer.step#<Class>.step`` annotation as one operator, the step,
+    as the sampler times it (``samplers.cases``: a whole step over the parameters): every kernel
+    of the step is keyed by the annotation (``cpu_op_event_id``), named by it, of family
+    ``optimizer``, with the rank's parameters (``decode.parameters``) as its shape: ``params``,
+    ``batch`` = tensors, ``elements``, ``dtype``. Rows outside a step are returned as they are."""
+    if "optimizer_step" not in rows.columns or rows.get_column("optimizer_step").is_null().all():
+        return rows
+    shapes = pl.DataFrame(
+        [
+            {"run_id": run_id, "rank": rank, "_params": p.params, "_tensors": p.tensors, "_dtype": p.dtype}
+            for run_id, ranks in parameters.items()
+            for rank, p in ranks.items()
+        ],
+        schema={"run_id": pl.Utf8, "rank": rows.schema["rank"], "_params": pl.Int64, "_tensors": pl.Int64,
+                "_dtype": pl.Utf8},
+    )  # fmt: skip
+    step = pl.col("optimizer_step").is_not_null()
+    joined = rows.join(shapes, on=["run_id", "rank"], how="left", maintain_order="left")
+    shape_columns = [c for c in ("m", "n", "k", "heads", "seq_q", "seq_k", "head_dim", "causal", "tokens", "vocab",
+                                 "hidden", "flops", "io_bytes") if c in rows.columns]  # fmt: skip
+    return joined.with_columns(
+        pl.when(step).then(pl.col("optimizer_step_id")).otherwise(pl.col("cpu_op_event_id")).alias("cpu_op_event_id"),
+        pl.when(step).then(pl.col("optimizer_step")).otherwise(pl.col("cpu_op_name")).alias("cpu_op_name"),
+        pl.when(step).then(pl.lit("optimizer")).otherwise(pl.col("family")).alias("family"),
+        pl.when(step).then(pl.col("_params")).otherwise(pl.col("params")).alias("params"),
+        pl.when(step).then(pl.col("_params")).otherwise(pl.col("elements")).alias("elements"),
+        pl.when(step).then(pl.col("_tensors")).otherwise(pl.col("batch")).alias("batch"),
+        pl.when(step).then(pl.col("_dtype")).otherwise(pl.col("dtype")).alias("dtype"),
+        *(pl.when(step).then(None).otherwise(pl.col(c)).alias(c) for c in shape_columns),
+    ).drop("_params", "_tensors", "_dtype")
 
 
 def per_operator(rows: pl.DataFrame) -> pl.DataFrame:
     """One row per CPU operator: the kernels sharing (run_id, rank, cpu_op_event_id) become one row
-    with the first kernel's columns (in row order), ``dur_ns`` their sum and ``kernels`` their count.
+    with the longest kernel's columns (its main work: a cuBLAS workspace memset does not make an mm
+    a memset), ``dur_ns`` their sum and ``kernels`` their count.
 
     Rows without ``cpu_op_event_id`` (an unlinked kernel; a frame without the column) stay one
     operator each. ``run_id`` and ``rank`` join the key where the frame has them. A frame that
@@ -83,7 +123,7 @@ def per_operator(rows: pl.DataFrame) -> pl.DataFrame:
         rows.with_columns(key)
         .group_by(by, maintain_order=True)
         .agg(
-            *(pl.col(c).first() for c in others),
+            *(pl.col(c).sort_by("dur_ns", descending=True, maintain_order=True).first() for c in others),
             pl.col("dur_ns").sum(),
             pl.len().cast(pl.Int64).alias("kernels"),
         )

@@ -64,7 +64,11 @@ _OP_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("rms_norm", r"rms_?(layer_?)?norm"),
         ("layer_norm", r"layer_?norm"),
         ("flash_attention", r"flash_?att"),
+        ("cudnn_attention", r"cudnn_att"),
+        ("efficient_attention", r"efficient_att"),
+        ("math_attention", r"attention_math"),
         ("masked_softmax", r"masked_?softmax"),
+        ("log_softmax", r"log_?softmax"),
         ("softmax", r"softmax"),
         ("baddbmm", r"^baddbmm$"),
         ("bmm", r"^bmm$"),
@@ -74,10 +78,13 @@ _OP_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("add", r"^(res_)?add$"),
         ("embedding", r"embedding"),
         ("cross_entropy", r"cross_?entropy"),
+        ("nll_loss", r"^nll_loss"),
     )
 )
 """Ordered (first match wins) patterns over the lower-cased base name: RMS before layer norm, the
-masked softmaxes before plain softmax. Composite sweeps (``fillmask``: baddbmm, masked_fill and
+masked and log softmaxes before plain softmax; the SDPA backends (flash, cuDNN, memory-efficient,
+math) are kinds of their own, so a traced ``_cudnn_attention_forward`` meets the samples of
+``_scaled_dot_product_cudnn_attention``. Composite sweeps (``fillmask``: baddbmm, masked_fill and
 softmax in one sample) have no kind: no single traced operator does their work."""
 
 COMPOSITE_KINDS = ("rotary", "rms_norm")

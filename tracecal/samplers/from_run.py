@@ -36,6 +36,8 @@ from typing import Any
 import duckdb
 import orjson
 
+from tracecal.decode.parameters import StepParameters
+from tracecal.decode.parameters import parameter_groups as decoded_parameter_groups
 from tracecal.decode.shapes import normalize_dtype, shape_row
 from tracecal.errors import RunNotFoundError, SampleError
 from tracecal.samplers.cases import DTYPE_BYTES, DTYPE_NAMES, INPLACE_OPS, OP_SPECS
@@ -44,6 +46,7 @@ from tracecal.sql.connection import query_arrow
 
 QUERIES = Path(__file__).resolve().parents[1] / "sql" / "queries"
 QUERY = QUERIES / "run_op_shapes.sql"
+PARAMETERS = QUERIES / "run_parameters.sql"
 
 _ATTENTION_OPS = {
     "scaled_dot_product_attention": "aten::scaled_dot_product_attention",
@@ -76,15 +79,6 @@ _OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#(\w+)\.step$")
 
 _MEMCPY_SOURCE = (("HtoD", "Pinned", "pinned"), ("HtoD", "Pageable", "pageable"), ("DtoD", "", "device"))
 """(memcpy kind, source memory, ``src`` of the copy_ point) in the profiler's memcpy names."""
-
-
-@dataclass(frozen=True)
-class StepParameters:
-    """The parameters one optimizer step updates: their count, tensors and dtype."""
-
-    params: int
-    tensors: int
-    dtype: str
 
 
 @dataclass
@@ -366,33 +360,8 @@ def _cat(dims: list[Any], list_dtype: str | None) -> GridPoint | str:
 
 
 def parameter_groups(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[int, StepParameters]:
-    """Per rank, the parameters its optimizer steps: the autograd engine's gradient accumulations
-    (``sql/queries/run_parameters.sql``) in one backward pass of the best iteration.
-
-    An iteration of several micro-batches accumulates into every parameter once per backward pass,
-    in the same order: the sequence of accumulated shapes repeats, and one period of it is the
-    parameter list (the shortest period that repeats evenly through the whole iteration).
-    """
-    rows = query_arrow(con, (QUERIES / "run_parameters.sql").read_text(), [run_id]).to_pylist()
-    per_rank: dict[int, list[tuple[tuple[int, ...], str | None]]] = {}
-    for r in rows:
-        dims = orjson.loads(r["input_dims"]) if r["input_dims"] else []
-        types = orjson.loads(r["input_types"]) if r["input_types"] else []
-        shapes = _shapes(dims)
-        if shapes:
-            per_rank.setdefault(r["rank"], []).append((tuple(shapes[0]), _dtype(types, 0)))
-    out = {}
-    for rank, seq in per_rank.items():
-        n = len(seq)
-        period = next(p for p in range(1, n + 1) if n % p == 0 and all(seq[i] == seq[i % p] for i in range(n)))
-        one_pass = seq[:period]
-        sizes: Counter[str] = Counter()
-        for shape, dtype in one_pass:
-            sizes[dtype or ""] += math.prod(shape)
-        dtype = sizes.most_common(1)[0][0]
-        if dtype in DTYPE_NAMES:
-            out[rank] = StepParameters(sum(math.prod(s) for s, _ in one_pass), period, dtype)
-    return out
+    """Per rank, the parameters its optimizer steps (``decode.parameters``) in the best iteration."""
+    return decoded_parameter_groups(query_arrow(con, PARAMETERS.read_text(), [run_id]).to_pylist())
 
 
 def _step_impl(ops: set[str]) -> str:
@@ -500,6 +469,8 @@ def _steps(
             out[(rank, step)] = f"no sampler for the {which.group(1) if which else step} optimizer"
         elif rank not in groups:
             out[(rank, step)] = "parameters unknown (no torch::autograd::AccumulateGrad in the iteration)"
+        elif groups[rank].dtype not in DTYPE_NAMES:
+            out[(rank, step)] = f"parameter dtype {groups[rank].dtype or 'unknown'} is not sampled"
         else:
             p = groups[rank]
             out[(rank, step)] = _point("optimizer", step, p.dtype, params=p.params, tensors=p.tensors,
