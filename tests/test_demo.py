@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from tests.conftest import SHARED_DATA
 from tracecal.cli.main import app
 from tracecal.samplers.grid import GridPoint
 from tracecal.samplers.plan import neighbourhood
@@ -73,13 +74,13 @@ def test_the_device_decides_the_layout_and_a_missing_gpu_is_one_clear_line() -> 
         resolve_layout("tpu", None, 1, 1, gpus=0)
 
 
-def test_gpu_samples_are_one_process_timed_with_cuda_events() -> None:
+def test_gpu_samples_are_one_process_timed_by_their_kernels() -> None:
     from tracecal.samplers.plan import run_settings
     from tracecal.samplers.timing import default_timing
 
     gpu = run_settings("local", "cuda", "run", repeats=5, passes=3, processes=4)
     assert (gpu.device, gpu.processes, gpu.threads) == ("cuda", 1, None)
-    assert default_timing(gpu.device) == "cuda_events" and gpu.timing is None
+    assert default_timing(gpu.device) == "cuda_burst" and gpu.timing is None
     cpu = run_settings("local", "cpu", "run", repeats=2, passes=3, processes=2)
     assert (cpu.device, cpu.processes, cpu.threads, cpu.timing) == ("cpu", 2, 1, None)
 
@@ -114,3 +115,77 @@ def test_gpu_demo_script_runs_its_cpu_path(tmp_path: Path) -> None:
     assert (tmp_path / "components.md").read_text().startswith("| rank | component |")
     summary = (tmp_path / "summary.txt").read_text()
     assert "device: cpu" in summary and "predicted mode, dependency replay: overall error" in summary
+
+
+H200 = SHARED_DATA / "gpu" / "h200"
+
+
+@pytest.fixture(scope="module")
+def h200_db(tmp_path_factory: pytest.TempPathFactory, template_cache: Path) -> Path:
+    """Both shared H200 runs ingested: the demo's tiny default and the GPU-bound GPT."""
+    db = tmp_path_factory.mktemp("h200") / "h200.duckdb"
+    args = ["ingest", str(H200 / "demo_tiny"), str(H200 / "gpt_h2048_l8_bf16"), "--cluster", "h200", "--db", str(db)]
+    result = CliRunner().invoke(app, args, env={"TRACECAL_CACHE_DIR": str(template_cache)})
+    assert result.exit_code == 0, result.output
+    return db
+
+
+def test_gpu_busy_share_tells_the_cpu_bound_demo_from_the_gpu_bound_gpt(h200_db: Path) -> None:
+    from tracecal.sql.gpu_busy import gpu_busy, is_gpu_bound
+
+    with open_database(h200_db, read_only=True) as con:
+        (tiny,) = gpu_busy(con, "demo_tiny")
+        (big,) = gpu_busy(con, "gpt_h2048_l8_bf16")
+        assert gpu_busy(con, "not_ingested") == []
+    # the H200 was busy 4.4 ms of the tiny model's 55 ms iteration
+    assert (tiny.rank, tiny.iteration) == (0, 2)
+    assert tiny.busy_ns == pytest.approx(4.41e6, rel=0.01) and tiny.iteration_ns == pytest.approx(54.86e6, rel=0.01)
+    assert tiny.busy_share == pytest.approx(0.080, abs=0.002) and not is_gpu_bound(tiny.busy_share)
+    assert big.busy_share == pytest.approx(0.961, abs=0.002) and is_gpu_bound(big.busy_share)
+    assert big.busy_ns <= big.iteration_ns
+
+
+def test_the_iteration_is_the_headline_only_when_the_gpu_was_busy() -> None:
+    from tracecal.cli.demo import headline_lines
+
+    comps = {"compute_fwd": 42.0, "compute_bwd": 160.4, "optimizer": None}
+    busy = headline_lines(0.961, 0, "dependency", 7.74, comps)
+    assert busy == ["overall iteration error (slowest rank 0, dependency replay): +7.74 %"]
+    assert headline_lines(None, 1, "dependency", -2.0, comps)[0].startswith("overall iteration error")  # CPU run
+    first, second = headline_lines(0.080, 0, "dependency", 0.02, comps)
+    assert (
+        first == "compute components (slowest rank 0, dependency replay): compute_fwd +42.00 %, compute_bwd +160.40 %"
+    )
+    assert "busy 8.0 % of the iteration (< 85 %)" in second and "overall iteration error" in second
+
+
+def test_the_gpu_demo_model_is_sized_to_the_device_memory() -> None:
+    import json
+
+    from tracecal.errors import WorkloadError
+    from tracecal.workload import WorkloadConfig
+    from tracecal.workload.sizing import MEMORY_SHARE, gpu_demo_config, parameter_count, training_bytes
+
+    gib = 2**30
+    # the parameter count the estimate starts from is the model's own, on both H200 runs
+    for run in ("demo_tiny", "gpt_h2048_l8_bf16"):
+        facts = json.loads((H200 / run / "run.json").read_text())
+        assert parameter_count(WorkloadConfig.from_dict(facts)) == facts["ranks"][0]["parameters"]
+    h200, h100, small = gpu_demo_config(141 * gib), gpu_demo_config(80 * gib), gpu_demo_config(16 * gib)
+    # H100 and H200 train the configuration measured GPU-bound on the H200 (96 % busy)
+    for cfg in (h200, h100):
+        assert (cfg.hidden, cfg.layers, cfg.heads, cfg.seq, cfg.vocab, cfg.dtype) == (
+            2048,
+            8,
+            16,
+            1024,
+            32000,
+            "bfloat16",
+        )
+        assert (cfg.micro_batches, cfg.micro_batch_size, cfg.model, cfg.device) == (4, 4, "gpt_h2048_l8_bf16", "cuda")
+    assert small.hidden < 2048 and training_bytes(small) <= MEMORY_SHARE * 16 * gib < training_bytes(h200)
+    assert gpu_demo_config(2 * gib).model == "gpt_tiny"  # nothing bigger fits: the tiny default
+    # layouts: layers rounded up to whole stages; heads that do not split over TP fail in one line
+    assert gpu_demo_config(80 * gib, pp=3).layers == 9 and gpu_demo_config(80 * gib, pp=2, tp=2).world_size == 4
+    with pytest.raises(WorkloadError, match="--heads 16 is not divisible by --tp 3"):
+        gpu_demo_config(80 * gib, tp=3)

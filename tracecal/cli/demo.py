@@ -6,8 +6,12 @@ ingest and decode → sample the traced operator shapes on this CPU (``--from-ru
 calibrated models (prediction, dependency replay) → print the error tables and write the figures.
 Everything lands in one directory (a temporary one unless ``--dir`` is given), with its own database.
 
-``--device cuda`` runs the same loop on one GPU: one rank (no NCCL), its trace with CUDA kernels,
-samples timed with CUDA events (``samplers.timing``). ``benchmarks/gpu_check.sh`` runs it.
+``--device cuda`` runs the same loop on GPUs (one rank by default): a GPT sized to the device's
+memory so the GPU, not the CPU launching its kernels, sets the iteration time
+(``workload.sizing``), samples timed by their kernels (``samplers.timing``), and the GPU-busy share
+of the best iteration printed (``sql.gpu_busy``). The iteration error is the headline only when the
+GPU was busy (``GPU_BOUND_SHARE``); otherwise the compute components are. ``benchmarks/gpu_check.sh``
+runs it.
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ DEVICES = ("cpu", "cuda")
 PREDICT_REPLAY = "dependency"
 """The replay the demo's prediction is scored with: only dependencies and nominal lags, so the
 error is the models' and the graph's, with no measured slack kept as fixed lags."""
+COMPUTE_COMPONENTS = ("compute_fwd", "compute_bwd", "optimizer")
+"""The headline of a CPU-bound GPU run: the components made of kernels the models predict."""
 
 
 def _cpu_seconds() -> float:
@@ -60,7 +66,9 @@ def demo(
     device: Annotated[
         str,
         typer.Option(
-            "--device", help="cpu (local gloo ranks) or cuda (one rank on one GPU, samples timed with CUDA events)."
+            "--device",
+            help="cpu (local gloo ranks) or cuda (one rank per GPU, a GPT sized to the GPU's memory, samples timed "
+            "by their kernels).",
         ),
     ] = "cpu",
     pp: Annotated[
@@ -80,28 +88,42 @@ def demo(
             min=1,
         ),
     ] = None,
+    timing: Annotated[
+        str | None,
+        typer.Option(
+            "--timing",
+            help="How samples are timed: cpu perf_counter (default) or profiler; cuda cuda_burst (default), "
+            "profiler (kernel durations) or cuda_events (docs/samples.md#timing).",
+        ),
+    ] = None,
 ) -> None:
     """Run the whole loop on this machine: train the reference GPT (PP2 by default) with local gloo
     ranks under torch.profiler, ingest the traces, sample the traced shapes on this CPU, calibrate a
     'local' cluster, replay the best iteration (measured and predicted), and print the error tables
-    and where the figures are. A few minutes on 2 cores. --device cuda runs it on one GPU."""
+    and where the figures are. A few minutes on 2 cores. --device cuda runs it on GPUs, with a model
+    that keeps them busy."""
     with user_errors():
+        from dataclasses import replace
+
         from tracecal.samplers.plan import run_settings
+        from tracecal.samplers.timing import check_timing, default_timing
 
         pp = resolve_layout(device, pp, tp, dp, _cuda_devices() if device == "cuda" else 0)
+        method = check_timing(timing or default_timing(device), device)
+        cfg = workload_config(device, pp, tp, dp, steps)
         work = directory or Path(tempfile.mkdtemp(prefix="tracecal-demo-"))
         work.mkdir(parents=True, exist_ok=True)
         db = work / "demo.duckdb"
         figures = work / "figures"
         timings: dict[str, float] = {}
-        run_dir = work / f"gpt_tiny_pp{pp}_tp{tp}_dp{dp}"
+        run_dir = work / f"{cfg.model}_pp{pp}_tp{tp}_dp{dp}"
         stdout.print(f"tracecal demo in {work} on {device}")
-        run_id = _train(run_dir, pp, tp, dp, steps, device, timings)
-        _ingest(db, run_dir, run_id, timings)
+        run_id = _train(run_dir, cfg, timings)
+        busy = _ingest(db, run_dir, run_id, timings)
         settings = run_settings(CLUSTER, device, run_id, repeats, passes, processes or pp * tp * dp)
-        _sample(db, run_id, settings, timings)
+        _sample(db, run_id, replace(settings, timing=method), timings)
         model = _calibrate(db, timings)
-        _predict(db, run_id, model, figures, timings)
+        _predict(db, run_id, model, figures, timings, busy)
         wall = {k: v for k, v in timings.items() if not k.endswith("_cpu")}
         cpu = sum(v for k, v in timings.items() if k.endswith("_cpu"))
         stdout.print(
@@ -141,12 +163,31 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _train(run_dir: Path, pp: int, tp: int, dp: int, steps: int, device: str, timings: dict[str, float]) -> str:
-    from tracecal.workload import WorkloadConfig, run_local
+def workload_config(device: str, pp: int, tp: int, dp: int, steps: int) -> Any:
+    """The reference workload to train: the tiny GPT on CPU; on CUDA the one ``workload.sizing``
+    picks for the first GPU's memory (printed with the reason)."""
+    from tracecal.workload import WorkloadConfig
+    from tracecal.workload.sizing import gpu_demo_config, training_bytes
 
-    cfg = WorkloadConfig(pp=pp, tp=tp, dp=dp, steps=steps, device=device).validate()
-    where = "local gloo ranks" if device == "cpu" else "CUDA rank(s)"
-    what = f"train the reference GPT on {cfg.world_size} {where} (pp={pp} tp={tp} dp={dp}), profiled"
+    if device == "cpu":
+        return WorkloadConfig(pp=pp, tp=tp, dp=dp, steps=steps, device=device).validate()
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    cfg = gpu_demo_config(props.total_memory, pp, tp, dp, steps)
+    stdout.print(
+        f"{props.name}, {props.total_memory / 2**30:.1f} GiB: {cfg.model} (hidden {cfg.hidden}, {cfg.layers} layers, "
+        f"seq {cfg.seq}, {cfg.dtype}), about {training_bytes(cfg) / 2**30:.1f} GiB to train",
+        highlight=False,
+    )
+    return cfg
+
+
+def _train(run_dir: Path, cfg: Any, timings: dict[str, float]) -> str:
+    from tracecal.workload import run_local
+
+    where = "local gloo ranks" if cfg.device == "cpu" else "CUDA rank(s)"
+    what = f"train the reference GPT on {cfg.world_size} {where} (pp={cfg.pp} tp={cfg.tp} dp={cfg.dp}), profiled"
     with _stage(1, "workload", what, timings):
         result = run_local(cfg, run_dir, force=True)
     profiled = result.run["profile"]["profiled_steps"]
@@ -154,19 +195,29 @@ def _train(run_dir: Path, pp: int, tp: int, dp: int, steps: int, device: str, ti
     return run_dir.name
 
 
-def _ingest(db: Path, run_dir: Path, run_id: str, timings: dict[str, float]) -> None:
+def _ingest(db: Path, run_dir: Path, run_id: str, timings: dict[str, float]) -> dict[int, float]:
+    """Ingest the run; return each rank's GPU-busy share of the best iteration (empty on CPU)."""
     from tracecal.pipeline.ingest import IngestOptions, ingest_runs
     from tracecal.sql.connection import open_database
+    from tracecal.sql.gpu_busy import GPU_BOUND_SHARE, gpu_busy
 
     with _stage(2, "ingest", f"parse and decode {run_dir.name} into {db.name}", timings), open_database(db) as con:
         report = ingest_runs(con, [run_dir], IngestOptions(cluster=CLUSTER, workers=2))
         best = con.execute("SELECT iteration, dur_ns FROM best_iteration WHERE run_id = ?", [run_id]).fetchall()
         ops = con.execute("SELECT count(*) FROM operators WHERE run_id = ?", [run_id]).fetchall()[0][0]
+        busy = gpu_busy(con, run_id)
     r = report.runs[0]
     stdout.print(
         f"      {r.ranks} ranks, {r.events} events, {ops} operators; best iteration {best[0][0]} "
         f"({best[0][1] / 1e6:.1f} ms on its slowest rank)"
     )
+    if busy:
+        shares = ", ".join(f"rank {b.rank} {100 * b.busy_share:.1f} %" for b in busy)
+        stdout.print(
+            f"      GPU busy in the best iteration: {shares} (GPU-bound at ≥ {100 * GPU_BOUND_SHARE:.0f} %)",
+            highlight=False,
+        )
+    return {b.rank: b.busy_share for b in busy}
 
 
 def _sample(db: Path, run_id: str, settings: Any, timings: dict[str, float]) -> None:
@@ -180,7 +231,7 @@ def _sample(db: Path, run_id: str, settings: Any, timings: dict[str, float]) -> 
             f"time the traced operator shapes and their neighbours on this CPU, {settings.processes} processes at once"
         )
     else:
-        what = f"time the traced operator shapes and their neighbours on {settings.device} with CUDA events"
+        what = f"time the traced operator shapes and their neighbours on {settings.device} ({settings.timing})"
     with _stage(3, "sample", what, timings):
         with open_database(db) as con:
             plan = run_points(con, run_id, None)
@@ -262,7 +313,29 @@ def _print_slack(measured: Any) -> None:
     )
 
 
-def _predict(db: Path, run_id: str, model: Any, figures: Path, timings: dict[str, float]) -> None:
+def headline_lines(
+    busy_share: float | None, rank: int, replay: str, iteration_error_pct: float, components: dict[str, float | None]
+) -> list[str]:
+    """The demo's score, headline first. The iteration error is the headline when the rank's GPU was
+    busy (``is_gpu_bound``) or the run has no GPU (``busy_share`` None: a CPU trace's operators are
+    the compute). Otherwise the iteration time is the host launching kernels, and the headline is the
+    errors of the compute ``components`` (component -> error %, None when not predicted)."""
+    from tracecal.sql.gpu_busy import GPU_BOUND_SHARE, is_gpu_bound
+
+    iteration = f"overall iteration error (slowest rank {rank}, {replay} replay): {iteration_error_pct:+.2f} %"
+    if busy_share is None or is_gpu_bound(busy_share):
+        return [iteration]
+    parts = ", ".join(f"{c} {e:+.2f} %" for c, e in components.items() if e is not None) or "none predicted"
+    return [
+        f"compute components (slowest rank {rank}, {replay} replay): {parts}",
+        f"the GPU was busy {100 * busy_share:.1f} % of the iteration (< {100 * GPU_BOUND_SHARE:.0f} %): its time is "
+        f"the host launching kernels, not a test of the models; {iteration}",
+    ]
+
+
+def _predict(
+    db: Path, run_id: str, model: Any, figures: Path, timings: dict[str, float], busy: dict[int, float]
+) -> None:
     import polars as pl
 
     from tracecal.predict.figures import component_proportions, rank_timeline
@@ -314,10 +387,21 @@ def _predict(db: Path, run_id: str, model: Any, figures: Path, timings: dict[str
         if fitted is not None:
             f_it = fitted.iteration_error().filter(pl.col("rank") == it["rank"]).row(0, named=True)
             also = f"; fitted replay {f_it['error_pct']:+.2f} %"
+        rank_comps = predicted.components.filter(pl.col("rank") == it["rank"])
+        errors = dict(zip(rank_comps["component"].to_list(), rank_comps["error_pct"].to_list(), strict=True))
+        first, *rest = headline_lines(
+            busy.get(it["rank"]),
+            it["rank"],
+            predicted.replay,
+            it["error_pct"],
+            {c: errors.get(c) for c in COMPUTE_COMPONENTS if c in errors},
+        )
+        stdout.print(f"[bold]{first}[/]", highlight=False)
+        for line in rest:
+            stdout.print(line, highlight=False)
         stdout.print(
-            f"[bold]overall iteration error (slowest rank {it['rank']}, {predicted.replay} replay): "
-            f"{it['error_pct']:+.2f} %[/] (measured {it['measured_ns'] / 1e6:.1f} ms, predicted "
-            f"{it['predicted_ns'] / 1e6:.1f} ms{also}); {100 * predicted.coverage['all']:.0f} % of operator "
-            "time predicted by a model"
+            f"iteration: measured {it['measured_ns'] / 1e6:.1f} ms, predicted {it['predicted_ns'] / 1e6:.1f} ms{also}; "
+            f"{100 * predicted.coverage['all']:.0f} % of operator time predicted by a model",
+            highlight=False,
         )
     stdout.print(f"figures: {bars}, {line}")
