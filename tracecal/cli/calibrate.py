@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from tracecal.cli.common import DbOption, progress_bar, render_rows, stdout, user_errors, warn
+from tracecal.cli.common import DbOption, one_command_app, progress_bar, render_rows, stdout, user_errors, warn
 from tracecal.config import Settings, model_store_dir
 
 if TYPE_CHECKING:  # imported where used: `tracecal --help` starts without it
@@ -190,6 +190,4 @@ def _print_in_trace(cluster: str, table: pl.DataFrame) -> None:
 
 def main() -> None:
     """Console script ``calibrate``: the same command as ``tracecal calibrate``."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command()(calibrate)
-    app()
+    one_command_app(calibrate)()

@@ -7,10 +7,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich import box
-from rich.table import Table
 
-from tracecal.cli.common import DbOption, progress_bar, stderr, stdout, user_errors, warn
+from tracecal.cli.common import (
+    Col,
+    DbOption,
+    one_command_app,
+    progress_bar,
+    render_rows,
+    stderr,
+    stdout,
+    user_errors,
+    warn,
+)
 from tracecal.config import Settings
 from tracecal.errors import TracecalError
 from tracecal.ingest.discover import ParallelLayout
@@ -136,55 +144,71 @@ def _print_report(report: IngestReport, db_path: Path) -> None:
     if not report.runs:
         stderr.print("nothing ingested")
         raise typer.Exit(1)
-    names = ["run", "fmt", "ranks", "layout", "events", "kernels", "s", "MB", "MB/s", *_DECODE_COLUMNS]
-    rows = [
+    render_rows(
+        f"ingested into {db_path} in {report.seconds:.2f} s",
+        READ_COLUMNS,
         [
-            r.run_id,
-            r.format,
-            f"{r.ranks}/{r.world_size}",
-            f"{r.layout.pp}x{r.layout.tp}x{r.layout.dp}" if r.layout.known else "",
-            r.events,
-            r.kernels,
-            f"{r.seconds:.2f}",
-            f"{r.source_bytes / 1e6:.1f}",
-            f"{r.mb_per_s:.1f}",
-            *_decode_cells(r.decode),
-        ]
-        for r in report.runs
-    ]
-    title = f"ingested into {db_path} in {report.seconds:.2f} s"
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1), header_style="bold")
-    if stdout.width >= 120:  # one row per run
-        for name in names:
-            table.add_column(
-                name, no_wrap=name == "run", justify="left" if name in ("run", "fmt", "layout") else "right"
+            [
+                r.run_id,
+                r.format,
+                f"{r.ranks}/{r.world_size}",
+                f"{r.layout.pp}x{r.layout.tp}x{r.layout.dp}" if r.layout.known else "",
+                r.files_read,
+                r.source_bytes / 1e6,
+                r.events,
+                r.kernels,
+                r.seconds,
+                r.mb_per_s,
+            ]
+            for r in report.runs
+        ],
+    )
+    for r in report.runs:
+        if r.table_rows is not None:
+            stdout.print(
+                f"{r.run_id}: a decoded run, read from {r.files_read} files ({r.table_rows} table rows and the "
+                f"GPT-NeoX log, {r.source_bytes / 1e6:.1f} MB) and rebuilt as {r.ranks} rank traces",
+                highlight=False,
             )
-        for row in rows:
-            table.add_row(*("" if c is None else str(c) for c in row))
-    else:  # a narrow terminal: one column per run
-        table.add_column("")
-        for row in rows:
-            table.add_column(str(row[0]), justify="right", overflow="fold")
-        for i, name in enumerate(names[1:], start=1):
-            table.add_row(name, *("" if row[i] is None else str(row[i]) for row in rows))
-    stdout.print(table)
+    decoded = [r for r in report.runs if r.decode is not None]
+    if decoded:
+        render_rows("decoded", DECODE_COLUMNS, [[r.run_id, *_decode_cells(r.decode)] for r in decoded])
 
 
-_DECODE_COLUMNS = ["ops", "linked", "iters", "best", "best ms"]
+READ_COLUMNS = [
+    Col("run", keep=True),
+    Col("format", short="fmt"),
+    Col("ranks"),
+    Col("layout"),
+    Col("files", "int"),
+    Col("MB", "mb"),
+    Col("events", "int"),
+    Col("kernels", "int"),
+    Col("s", "s"),
+    Col("MB/s", "mb"),
+]
+"""The ingest summary: what each run read and stored (MB: uncompressed trace, or a decoded run's tables)."""
+
+DECODE_COLUMNS = [
+    Col("run", keep=True),
+    Col("operators", "int", short="ops"),
+    Col("kernel time linked %", "share", short="linked %"),
+    Col("iterations"),
+    Col("best iteration", "int", short="best"),
+    Col("best ms", "ms"),
+]
+"""What decode derived: operators, the share of kernel time linked to an operator, iterations, the best one."""
 
 
 def _decode_cells(d: DecodeSummary | None) -> list[object]:
-    """Decode figures for the summary row (issue 3): operators, kernel time linked, iterations, best."""
+    """Decode figures for the summary row: operators, kernel time linked, iterations, best."""
     if d is None:
-        return [None] * len(_DECODE_COLUMNS)
-    linked = None if d.linked_kernel_share is None else f"{100 * d.linked_kernel_share:.1f} %"
+        return [None] * (len(DECODE_COLUMNS) - 1)
     iters = d.iterations if d.markers_found else f"{d.iterations} (no markers)"
-    best_ms = None if d.best_iteration_ns is None else round(d.best_iteration_ns / 1e6, 3)
-    return [d.operators, linked, iters, d.best_iteration, best_ms]
+    best_ms = None if d.best_iteration_ns is None else d.best_iteration_ns / 1e6
+    return [d.operators, d.linked_kernel_share, iters, d.best_iteration, best_ms]
 
 
 def main() -> None:
     """Console script ``trace-ingest``: the same command as ``tracecal ingest``."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    app.command()(ingest)
-    app()
+    one_command_app(ingest)()

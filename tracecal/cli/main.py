@@ -19,14 +19,12 @@ from tracecal.cli import query
 from tracecal.cli import sample as sample_cmd
 from tracecal.cli import samples as samples_cmd
 from tracecal.cli import workload as workload_cmd
+from tracecal.cli.common import APP_SETTINGS
 
 app = typer.Typer(
     name="tracecal",
     help="Profiler-trace ingestion, calibration and replay prediction for distributed LLM training.",
-    no_args_is_help=True,
-    pretty_exceptions_enable=False,
-    add_completion=False,
-    rich_markup_mode=None,  # plain click help: rewraps docstrings to the terminal width
+    **APP_SETTINGS,
 )
 
 app.command("sql")(query.sql)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tracecal.cli.common import DbOption, render_arrow, stdout, user_errors
+from tracecal.cli.common import Col, DbOption, render_arrow, stdout, user_errors
 from tracecal.config import Settings
 from tracecal.errors import InputNotFoundError
 
@@ -62,4 +62,21 @@ def runs(db: DbOption = None) -> None:
         if table.num_rows == 0:
             stdout.print(f"no runs in {settings.db_path}; ingest one with: trace-ingest RUN_DIR")
             return
-        render_arrow(f"runs in {settings.db_path}", table)
+        render_arrow(
+            f"runs in {settings.db_path}", table.select([c.header for c in RUNS_COLUMNS]), columns=RUNS_COLUMNS
+        )
+
+
+RUNS_COLUMNS = [
+    Col("run_id", keep=True),
+    Col("format", short="fmt"),
+    Col("layout"),
+    Col("ranks", "int"),
+    Col("world_size", "int", short="world"),
+    Col("events", "int"),
+    Col("span_ms", "ms"),
+    Col("cluster"),
+    Col("ingested_at"),
+    Col("source_path"),
+]
+"""The columns of `tracecal runs`, most useful first: a narrow terminal leaves out the last ones."""

@@ -32,6 +32,7 @@ import pyarrow as pa
 from tracecal import __version__
 from tracecal.decode.iterations import DEFAULT_MARKER
 from tracecal.errors import RankConflictError, TracecalError
+from tracecal.ingest.decoded_sources import decoded_run_sources
 from tracecal.ingest.discover import (
     DiscoveredRun,
     ParallelLayout,
@@ -113,6 +114,10 @@ class RunReport:
     decode: DecodeSummary | None = None
     warnings: tuple[str, ...] = ()
     """Parser warnings (``ParsedRank.metadata['warnings']``, e.g. an Nsight export without kernels), deduplicated."""
+    files_read: int = 0
+    """Files read: the trace files parsed, or a decoded run's tables and log."""
+    table_rows: int | None = None
+    """A decoded run's kernel and module-time table rows read (None for traces: their rows are ``events``)."""
 
     @property
     def mb_per_s(self) -> float:
@@ -183,6 +188,9 @@ def ingest_runs(
             continue
         run_id = options.run_id or run.name
         clash = next((other for rid, other in discovered if rid == run_id), None)
+        if clash is not None and clash.run_dir == run.run_dir:
+            skipped.append(Skipped(Path(run_dir), f"{run.run_dir} was given more than once; it is ingested once"))
+            continue
         if clash is not None:
             raise TracecalError(
                 f"{run.run_dir} and {clash.run_dir} would both be run {run_id!r}; ingest them separately with --run-id"
@@ -342,6 +350,7 @@ def _ingest_run(
     finally:
         if isinstance(parsing, Parsing):
             parsing.close()  # after an error: the files not yet started are cancelled
+    read = decoded_run_sources(run.decoded_job) if run.decoded_job is not None else None
     return RunReport(
         run_id=run_id,
         source_path=run.run_dir,
@@ -350,8 +359,10 @@ def _ingest_run(
         world_size=world_size,
         events=stored.events,
         kernels=stored.kernels,
-        input_bytes=sum(f.size_bytes for f in run.files),
-        source_bytes=stored.source_bytes,
+        input_bytes=read.bytes if read else sum(f.size_bytes for f in run.files),
+        source_bytes=read.bytes if read else stored.source_bytes,
+        files_read=len(read.paths) if read else len(run.files) - len(skipped),
+        table_rows=read.table_rows if read else None,
         seconds=seconds,
         load_seconds=load_seconds,
         missing_ranks=() if rebuilt is not None else tuple(missing_ranks(sorted(stored.owners), world_size)),

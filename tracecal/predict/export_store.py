@@ -121,6 +121,13 @@ def export_run(
     )
 
 
+def _umask() -> int:
+    """The process's umask (read by setting it, then put back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def write_trace(path: Path, pieces: Iterable[bytes | pl.Series]) -> None:
     """Write the pieces (``trace_json``'s: bytes or a Series of lines) to ``path`` (gzip when it ends in
     ``.gz``) through a temporary file renamed into place, so a failure leaves no partial trace.
@@ -143,6 +150,7 @@ def write_trace(path: Path, pieces: Iterable[bytes | pl.Series]) -> None:
                     sink.write(piece)
             if sink is not raw:
                 sink.close()
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes it 0600; the trace gets a normal file's mode
         os.replace(tmp, path)
     except OSError as exc:
         Path(tmp).unlink(missing_ok=True)
