@@ -314,8 +314,10 @@ def test_integers_out_of_range_or_malformed_become_null(tmp_path: Path) -> None:
     ],
 )
 def test_process_ids_as_ints_text_or_out_of_range(tmp_path: Path, pids: list[object], expected: list[object]) -> None:
+    # annotations, not CPU operators: operators on several processes are several ranks (test_multi_rank_files)
     events = [
-        {"ph": "X", "cat": "cpu_op", "name": "op", "pid": p, "tid": p, "ts": i, "dur": 1} for i, p in enumerate(pids)
+        {"ph": "X", "cat": "user_annotation", "name": "op", "pid": p, "tid": p, "ts": i, "dur": 1}
+        for i, p in enumerate(pids)
     ]
     rows = _rows(_write(tmp_path / "t.json", events))
     assert [r["pid"] for r in rows] == expected and [r["tid"] for r in rows] == expected

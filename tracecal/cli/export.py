@@ -39,7 +39,7 @@ def export(
         bool,
         typer.Option(
             "--split-ranks",
-            help="Write one Kineto trace per rank and run.json into OUTPUT: trace-ingest reads it back.",
+            help="Write one Kineto trace per rank and run.json (the layout) into OUTPUT.",
         ),
     ] = False,
     db: DbOption = None,
@@ -47,8 +47,8 @@ def export(
     """Write RUN as a trace that ui.perfetto.dev and chrome://tracing open: one process per rank, a thread
     per CPU thread and GPU stream, collectives linked across ranks by flow arrows, and the family, phase,
     component and measured / predicted durations of every operator in its args. The measured timeline
-    is a Kineto trace: `trace-ingest` of a --split-ranks export gives back the same operators,
-    collectives and iterations."""
+    is a Kineto trace: `trace-ingest` of the export (one file, or --split-ranks) gives back the same
+    operators, collectives and iterations per rank."""
     from tracecal.predict.export_store import WHAT, export_run
     from tracecal.sql.connection import open_database
 

@@ -22,9 +22,11 @@ from __future__ import annotations
 import gc
 import itertools
 import os
+import re
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from functools import partial
 from itertools import chain, repeat
 from pathlib import Path
@@ -106,7 +108,23 @@ _any = msgspec.json.Decoder()
 
 
 def parse_kineto_file(path: Path, spill_dir: Path | None = None) -> ParsedRank:
-    """Parse one Kineto JSON trace (``.json`` or ``.json.gz``) into a ``ParsedRank``.
+    """Parse one Kineto JSON trace of one rank (``.json`` or ``.json.gz``) into a ``ParsedRank``:
+    ``parse_kineto_ranks`` for a file that holds one rank.
+
+    Raises:
+        TraceFormatError: as ``parse_kineto_ranks``, and when the file holds several ranks.
+    """
+    ranks = parse_kineto_ranks(path, spill_dir)
+    if len(ranks) != 1:
+        raise TraceFormatError(f"{path}: holds {len(ranks)} ranks; read it with parse_kineto_ranks")
+    return ranks[0]
+
+
+def parse_kineto_ranks(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
+    """Parse one Kineto JSON trace (``.json`` or ``.json.gz``) into one ``ParsedRank`` per rank it holds.
+
+    A trace is one rank, unless its processes are ranks (``ranks_of_processes``): a merged trace or a
+    ``tracecal export`` file names each rank's process ``rank N``, and its events are split by process.
 
     The rank is ``distributedInfo.rank`` when the trace has it, else None (the loader assigns it
     from the path). Times are int64 ns: ``round(ts_µs × 1000)``, exact for integer µs and without
@@ -116,7 +134,8 @@ def parse_kineto_file(path: Path, spill_dir: Path | None = None) -> ParsedRank:
 
     Raises:
         TraceFormatError: corrupt gzip, invalid or truncated JSON, JSON that is not a Kineto trace,
-            no complete events, or a complete event without ``ts``/``name`` (file, event index, key).
+            no complete events, a complete event without ``ts``/``name`` (file, event index, key), or
+            several processes that ran CPU operators without metadata naming their ranks.
     """
     facts = _RankFacts()
     blocks = facts.counted(trace_blocks(path))
@@ -136,7 +155,134 @@ def parse_kineto_file(path: Path, spill_dir: Path | None = None) -> ParsedRank:
             del head
             events = _collect(path, chunks, facts) if spill_dir is None else _spill(path, chunks, facts, spill_dir)
             header = {} if document.top_level_array else _split_document(path, document.header())[0]
-    return _parsed_rank(path, header, events, facts, _era(facts.categories, facts.float_ts, header))
+    era = _era(facts.categories, facts.float_ts, header)
+    ranks = ranks_of_processes(path, facts.processes, facts.cpu_pids)
+    if ranks is None:
+        return [_parsed_rank(path, header, events, facts, era)]
+    return _split_ranks(path, header, events, facts, era, ranks)
+
+
+RANK_PROCESS = re.compile(r"(?i)(?<![a-z0-9])rank[ _-]?(\d+)(?![0-9])(?!.*predicted)")
+"""A process's name or label that says which rank it is (``rank 3``, as ``tracecal export`` writes);
+a predicted timeline beside it (``rank 3 (predicted)``) is not that rank."""
+
+
+def ranks_of_processes(path: Path, processes: dict[int, list[str]], cpu_pids: dict[int, int]) -> dict[int, int] | None:
+    """pid -> rank when the trace's processes are ranks: at least two processes named ``rank N``
+    (``RANK_PROCESS``) in ``process_name``/``process_labels`` metadata. None for a trace of one rank.
+
+    Raises:
+        TraceFormatError: several processes ran CPU operators but not each is named as a rank, or two
+            processes name the same rank: the ranks cannot be told apart (the message says how to split).
+    """
+    named: dict[int, int] = {}
+    for pid, texts in processes.items():
+        found = {int(m.group(1)) for text in texts if (m := RANK_PROCESS.search(text))}
+        if len(found) == 1:
+            named[pid] = found.pop()
+    unnamed = sorted(pid for pid in cpu_pids if pid not in named)
+    if len(named) < 2 and len(cpu_pids) < 2:
+        return None
+    clash = len(set(named.values())) != len(named)
+    if unnamed or clash:
+        why = (
+            f"processes {', '.join(map(str, sorted(named)))} name the same rank"
+            if clash and not unnamed
+            else f"{len(cpu_pids)} processes ran CPU operators (pids {', '.join(map(str, sorted(cpu_pids)[:8]))}) "
+            "and not every one is named 'rank N' in its process_name or process_labels metadata"
+        )
+        raise TraceFormatError(
+            f"{path}: holds several ranks that cannot be told apart ({why}); split it into one trace per rank "
+            "(each with distributedInfo.rank, or named rank-N), or label each rank's process 'rank N'; "
+            "a tracecal export is written split with --split-ranks"
+        )
+    return named
+
+
+def _split_ranks(
+    path: Path,
+    header: dict[str, Any],
+    events: pa.Table | EventsFile,
+    facts: _RankFacts,
+    era: str,
+    ranks: dict[int, int],
+) -> list[ParsedRank]:
+    """One ``ParsedRank`` per rank process: its events (every event of the file sits on a rank's pid,
+    else the file is refused), the rest of what the file says shared."""
+    pids = pa.array(sorted(ranks), pa.int64())
+    table = events if isinstance(events, pa.Table) else None
+    stray = (
+        pc.sum(pc.invert(pc.fill_null(pc.is_in(table.column("pid"), pids), False))).as_py()
+        if table is not None
+        else _stray_rows(events, pids)  # type: ignore[arg-type]
+    )
+    if stray:
+        raise TraceFormatError(
+            f"{path}: {stray} events sit outside the processes named 'rank N' ({len(ranks)} ranks); cannot tell "
+            "their rank: split it into one trace per rank (each with distributedInfo.rank, or named rank-N)"
+        )
+    parts: dict[int, tuple[pa.Table | EventsFile, set[int]]] = (
+        {pid: _with_devices(table.filter(pc.equal(table.column("pid"), pid))) for pid in ranks}
+        if table is not None
+        else _split_events_file(events, ranks)  # type: ignore[arg-type]
+    )
+    out = []
+    for pid, rank in sorted(ranks.items(), key=lambda item: item[1]):
+        part, devices = parts[pid]
+        own = _RankFacts()
+        rows = part.num_rows if isinstance(part, pa.Table) else part.rows
+        own.source_bytes = facts.source_bytes * rows // max(facts.rows, 1)  # the file's bytes, shared by events
+        own.cpu_pids = {pid: facts.cpu_pids.get(pid, 0)}
+        own.devices = devices
+        parsed = _parsed_rank(path, dict(header), part, own, era)
+        out.append(replace(parsed, rank=rank, rank_source="process_name"))
+    return out
+
+
+def _with_devices(part: pa.Table) -> tuple[pa.Table, set[int]]:
+    return part, set(pc.unique(part.column("device").drop_null()).to_pylist())
+
+
+def _stray_rows(events: EventsFile, pids: pa.Array) -> int:
+    import pyarrow.parquet as pq
+
+    stray = 0
+    for batch in pq.ParquetFile(events.path).iter_batches(columns=["pid"]):
+        stray += batch.num_rows - int(pc.sum(pc.fill_null(pc.is_in(batch.column("pid"), pids), False)).as_py() or 0)
+    return stray
+
+
+def _split_events_file(events: EventsFile, ranks: dict[int, int]) -> dict[int, tuple[EventsFile, set[int]]]:
+    """A spilled multi-rank file's events, one Parquet file per rank (with the devices its events ran
+    on), written in one pass over the spilled file; the original is deleted."""
+    import pyarrow.parquet as pq
+
+    source = pq.ParquetFile(events.path)
+    targets = {pid: events.path.with_suffix(f".rank{rank}.parquet") for pid, rank in ranks.items()}
+    writers = {pid: pq.ParquetWriter(t, source.schema_arrow, compression="lz4") for pid, t in targets.items()}
+    counts = dict.fromkeys(ranks, 0)
+    kernels = dict.fromkeys(ranks, 0)
+    devices: dict[int, set[int]] = {pid: set() for pid in ranks}
+    try:
+        for batch in source.iter_batches():
+            pid_column = batch.column("pid")
+            for pid, writer in writers.items():
+                part = batch.filter(pc.fill_null(pc.equal(pid_column, pid), False))
+                if part.num_rows:
+                    writer.write_batch(part)
+                    counts[pid] += part.num_rows
+                    kernels[pid] += int(pc.sum(pc.equal(part.column("kind").cast(pa.string()), "kernel")).as_py() or 0)
+                    devices[pid].update(pc.unique(part.column("device").drop_null()).to_pylist())
+    except BaseException:
+        for writer in writers.values():
+            writer.close()
+        for target in targets.values():
+            target.unlink(missing_ok=True)
+        raise
+    for writer in writers.values():
+        writer.close()
+    events.path.unlink(missing_ok=True)
+    return {pid: (EventsFile(targets[pid], counts[pid], kernels[pid]), devices[pid]) for pid in ranks}
 
 
 def _drained(blocks: deque[bytes]) -> Iterator[bytes]:
@@ -163,7 +309,8 @@ def _record_batches(
     for offset, events, strict in event_batches:
         facts.float_ts = facts.float_ts or _float_timestamps(events[:1000])
         parts = [
-            events_to_batch(path, events[a:b], offset + a, strict, facts.categories) for a, b in _chunks(len(events))
+            events_to_batch(path, events[a:b], offset + a, strict, facts.categories, facts.processes)
+            for a, b in _chunks(len(events))
         ]
         del events
         if len(parts) > 1:  # one batch again, its dictionaries unified: the loader and decode get
@@ -221,6 +368,7 @@ class _RankFacts:
         self.float_ts = False
         self.cpu_pids: dict[int, int] = {}
         self.devices: set[int] = set()
+        self.processes: dict[int, list[str]] = {}
 
     def counted(self, blocks: Iterator[bytes]) -> Iterator[bytes]:
         """``blocks``, their bytes added to ``source_bytes`` as they are read."""

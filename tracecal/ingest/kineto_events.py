@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Sequence
-from itertools import repeat
+from itertools import compress, repeat
 from operator import attrgetter, is_, is_not, itemgetter, ne
 from pathlib import Path
 from typing import Any, cast
@@ -107,18 +107,22 @@ _ARG_TYPES: dict[str, dict[str, Any]] = {
 }
 
 
-def _args_struct(name: str, types: dict[str, Any]) -> Any:
+_PROCESS_ARG_FIELDS: list[tuple[str, str | None, str]] = [("process_label", "name", "raw"), ("labels", None, "raw")]
+"""The args of a process metadata event (``process_name``: ``name``; ``process_labels``: ``labels``)."""
+
+
+def _args_struct(name: str, types: dict[str, Any], fields_: list[tuple[str, str | None, str]] = _ARG_FIELDS) -> Any:
     """An ``args`` Struct. ``gc=False``: Structs never form cycles, and untracked objects keep the
     garbage collector from walking millions of them during a parse. ``frozen``: the empty instance
     is every event's default (no None to test for)."""
     fields: list[Any] = [
         (attr, types[kind], msgspec.field(default=_NO_RAW if kind == "raw" else None, name=key or attr))
-        for attr, key, kind in _ARG_FIELDS
+        for attr, key, kind in fields_
     ]
     return msgspec.defstruct(name, fields, gc=False, frozen=True, module=__name__)
 
 
-Args = _args_struct("Args", _ARG_TYPES["lenient"])
+Args = _args_struct("Args", _ARG_TYPES["lenient"], [*_ARG_FIELDS, *_PROCESS_ARG_FIELDS])
 """Every kept arg, integers as written: some profilers write them as strings (ROCm ``"bytes": "128"``)
 or floats; they are coerced after decoding, and values that are not integers become NULL."""
 
@@ -159,8 +163,23 @@ class IncompleteEvent(msgspec.Struct, tag_field="ph", gc=False):
     cat: str | None = None
 
 
-_OTHER_PHASES = "BEIiCbneSTpFstfPNODMVvRc()"
-"""Every phase of the Chrome trace event format but ``X``. msgspec reads ``ph`` first (Kineto writes it
+ProcessArgs = _args_struct("ProcessArgs", _ARG_TYPES["strict"], _PROCESS_ARG_FIELDS)
+
+
+class MetadataEvent(IncompleteEvent, tag="M", gc=False):
+    """A metadata event (``"ph": "M"``), strict: a process's name and labels are read (which rank a
+    process of a merged trace is: ``process_labels``); there are a few per process."""
+
+    name: str | None = None
+    pid: int | str | None = None
+    args: ProcessArgs | None = None
+
+
+PROCESS_METADATA = ("process_name", "process_labels")
+"""Metadata events whose text is collected per process (``events_to_batch``'s ``processes``)."""
+
+_OTHER_PHASES = "BEIiCbneSTpFstfPNODVvRc()"
+"""Every phase of the Chrome trace event format but ``X`` and ``M``. msgspec reads ``ph`` first (Kineto writes it
 first) and decodes the event into ``CompleteEvent`` or into one ``IncompleteEvent`` per phase: a flow
 event, a third of a GPU trace's events, makes one small Struct instead of an event with its name,
 ids and timestamps, which makes decoding a GPU trace markedly cheaper. A phase not listed fails the
@@ -169,7 +188,7 @@ strict decoder, and the trace is read by the lenient one."""
 
 def _strict_event_union() -> Any:
     """``CompleteEvent`` or one ``IncompleteEvent`` subclass per phase of ``_OTHER_PHASES``."""
-    union: Any = CompleteEvent
+    union: Any = CompleteEvent | MetadataEvent
     for phase in _OTHER_PHASES:
         name = f"IncompleteEvent{ord(phase)}"
         union = union | msgspec.defstruct(name, [], bases=(IncompleteEvent,), tag=phase, gc=False, module=__name__)
@@ -242,14 +261,20 @@ def decode_events(path: Path, array: bytes | memoryview, offset: int) -> tuple[l
 
 
 def events_to_batch(
-    path: Path, events: list[Any], offset: int, strict: bool = False, seen: set[str | None] | None = None
+    path: Path,
+    events: list[Any],
+    offset: int,
+    strict: bool = False,
+    seen: set[str | None] | None = None,
+    processes: dict[int, list[str]] | None = None,
 ) -> pa.RecordBatch:
     """Complete (``ph`` X) events of one decoded list -> a record batch of ``BATCH_SCHEMA``.
 
     ``strict``: the events are ``StrictEvent`` (``decode_events`` says). Text columns are
     dictionary-encoded; ``run_id`` and ``rank`` are left null for the loader. ``seen``, when
     given, gains the category of every event of the list, complete or not (the complete events' from
-    their dictionary-encoded column: no hashing of a string per event).
+    their dictionary-encoded column: no hashing of a string per event). ``processes``, when given,
+    gains the text of every ``process_name`` / ``process_labels`` metadata event, per integer pid.
 
     Raises:
         TraceFormatError: a complete event without ``ts`` or ``name`` (file, event index and key).
@@ -269,8 +294,12 @@ def events_to_batch(
         args = [_NO_ARGS[strict] if a is None else a for a in args]
     ints = _exact_ints if strict else _ints
     category = _strings(top["cat"])
-    if seen is not None:
-        _add_categories(seen, category, events, positions)
+    if seen is not None or processes is not None:
+        others = _incomplete(events, positions)
+        if seen is not None:
+            _add_categories(seen, category, others)
+        if processes is not None and others:
+            _add_process_labels(processes, others, strict)
     categories = category.dictionary.to_pylist()
     kinds = [KIND_BY_CATEGORY.get(c, "other") for c in categories]
     kind = pa.DictionaryArray.from_arrays(category.indices, pa.array(kinds, pa.string()))
@@ -330,15 +359,39 @@ def _complete_positions(events: list[Any], strict: bool) -> np.ndarray:
     return pc.indices_nonzero(pc.equal(phases, "X")).to_numpy().astype(np.int64)
 
 
-def _add_categories(categories: set[str | None], category: pa.Array, events: list[Any], positions: np.ndarray) -> None:
-    """Add the categories of ``events``: the complete ones (at ``positions``) from their column."""
+def _incomplete(events: list[Any], positions: np.ndarray) -> list[Any]:
+    """The events of ``events`` that are not at ``positions`` (the complete ones)."""
+    if len(positions) == len(events):
+        return []
+    others = np.ones(len(events), dtype=bool)
+    others[positions] = False
+    return _pick(events, np.flatnonzero(others).tolist())
+
+
+def _add_categories(categories: set[str | None], category: pa.Array, others: list[Any]) -> None:
+    """Add the categories of the complete events (from their column) and of the ``others``."""
     categories.update(category.dictionary.to_pylist())
     if category.null_count:
         categories.add(None)
-    if len(positions) != len(events):
-        others = np.ones(len(events), dtype=bool)
-        others[positions] = False
-        categories.update(map(_GET["cat"], _pick(events, np.flatnonzero(others).tolist())))
+    categories.update(map(_GET["cat"], others))
+
+
+def _add_process_labels(processes: dict[int, list[str]], others: list[Any], strict: bool) -> None:
+    """Add the text of the process metadata events among ``others`` to ``processes`` (per integer pid)."""
+    if strict:
+        metadata = list(compress(others, map(is_, map(type, others), repeat(MetadataEvent))))
+    else:
+        metadata = [e for e in others if e.ph == "M"]
+    for event in metadata:
+        if event.name not in PROCESS_METADATA or event.args is None or type(event.pid) is not int:
+            continue
+        raw = event.args.process_label if event.name == "process_name" else event.args.labels
+        if raw is _NO_RAW or not len(raw):
+            continue
+        with contextlib.suppress(msgspec.DecodeError):
+            text = _any.decode(raw)
+            if isinstance(text, str):
+                processes.setdefault(event.pid, []).append(text)
 
 
 def _comm_columns(core: _Rows) -> dict[str, pa.Array]:

@@ -12,7 +12,8 @@ from tracecal.ingest.trace import ParsedRank
 def parse_trace_file(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
     """Parse one trace file, dispatching on its suffix.
 
-    Kineto JSON (``.json``, ``.json.gz``) gives one rank; an Nsight export (``.sqlite``,
+    Kineto JSON (``.json``, ``.json.gz``) gives one rank, or one per rank process of a merged trace
+    (``kineto.ranks_of_processes``); an Nsight export (``.sqlite``,
     ``.sqlite.gz``, ``.nsys-rep``) may give several (one per process/GPU in the file). With
     ``spill_dir``, a rank too large to hold has its events written to a Parquet file there
     (``ParsedRank.events`` is then an ``EventsFile``, which the caller deletes after loading it).
@@ -23,9 +24,9 @@ def parse_trace_file(path: Path, spill_dir: Path | None = None) -> list[ParsedRa
     """
     fmt = trace_format(path)
     if fmt == "kineto":
-        from tracecal.ingest.kineto import parse_kineto_file
+        from tracecal.ingest.kineto import parse_kineto_ranks
 
-        return [parse_kineto_file(path, spill_dir)]
+        return parse_kineto_ranks(path, spill_dir)
     if fmt == "nsys":
         from tracecal.ingest.nsys import parse_nsys_file
 

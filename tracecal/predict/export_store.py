@@ -1,9 +1,9 @@
 """`tracecal export`: read a stored run (and its replay), convert it (``tracecal.predict.export``), write it.
 
-One file (``.json`` or ``.json.gz``) holds every rank, one process each, for ui.perfetto.dev; a directory
-(``split_ranks``) holds one Kineto trace per rank and ``run.json``, which ``trace-ingest`` reads back
-as the same run: a Kineto file is one rank (its ``distributedInfo.rank``), so a multi-rank run is
-only re-ingestable split.
+One file (``.json`` or ``.json.gz``) holds every rank, one process each (named ``rank N``), for
+ui.perfetto.dev; a directory (``split_ranks``) holds one Kineto trace per rank and ``run.json``.
+``trace-ingest`` reads either back as the same run (a file's ``rank N`` processes are its ranks:
+``tracecal.ingest.kineto.ranks_of_processes``); only the split form carries the layout.
 """
 
 from __future__ import annotations
