@@ -18,6 +18,7 @@ from tracecal.cli import predict as predict_cmd
 from tracecal.cli import query
 from tracecal.cli import sample as sample_cmd
 from tracecal.cli import samples as samples_cmd
+from tracecal.cli import search as search_cmd
 from tracecal.cli import workload as workload_cmd
 from tracecal.cli.common import APP_SETTINGS
 
@@ -37,6 +38,7 @@ app.command("demo")(demo_cmd.demo)
 app.command("calibrate")(calibrate_cmd.calibrate)
 app.command("export")(export_cmd.export)
 app.command("diff")(diff_cmd.diff)
+app.command("search")(search_cmd.search)
 app.add_typer(workload_cmd.app, name="workload")
 app.add_typer(samples_cmd.app, name="samples")
 app.add_typer(sample_cmd.legacy_app, name="sample", hidden=True)  # the old spelling, for one release

@@ -264,12 +264,12 @@ def _ingest_run(
     options: IngestOptions,
     executors: _Executors,
     progress: ProgressCallback | None,
+    rebuilt: RebuiltRun | None = None,
 ) -> RunReport:
     started = time.perf_counter()
     check_marker(options.iteration_marker)  # before any worker decodes with it
     skipped: list[Skipped] = []
-    rebuilt = None
-    if run.decoded_job is not None:
+    if rebuilt is None and run.decoded_job is not None:
         try:
             rebuilt = _rebuild(run)
         except TracecalError as exc:
@@ -485,6 +485,24 @@ INGEST_THREADS = 1
 threads=INGEST_THREADS)``): its inserts from Arrow, and decode's, cost less CPU on one thread (see
 ``tracecal.sql.loaders.OneThreadForLargeInserts``), while the other cores parse; it is set when
 connecting because changing it on an open connection has a cost in every run."""
+
+
+def ingest_rebuilt_run(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    rebuilt: RebuiltRun,
+    job_dir: Path,
+    options: IngestOptions | None = None,
+) -> RunReport:
+    """Store a decoded run already rebuilt by the caller (``reconstruct``, e.g. at another parallel
+    layout) as run ``run_id``, decoded like ``ingest_runs`` decodes a decoded run folder.
+
+    ``job_dir``: the decoded run's job folder (the ranks' source path)."""
+    rebuilt = replace(rebuilt, layout=replace(rebuilt.layout, metadata=rebuilt.metadata))
+    run = DiscoveredRun(run_dir=job_dir, files=(), layout=rebuilt.layout, decoded_job=job_dir)
+    options = options or IngestOptions()
+    with _Executors(options, None) as executors:
+        return _ingest_run(con, run_id, run, options, executors, None, rebuilt=rebuilt)
 
 
 def _rebuild(run: DiscoveredRun) -> RebuiltRun:

@@ -1,0 +1,194 @@
+"""Layout what-if, checked against real runs: every run of a model predicted at the layout of every
+other run of the same model, against that run's measured ``train_batch``.
+
+In a fresh database (or ``--db``, reused when it already holds the runs and the cluster's models):
+import the cluster's compute and NCCL samples, ``trace-ingest`` the decoded runs, ``calibrate``. Runs
+are grouped by model (layers, hidden size, heads, sequence length from their logs: nothing is named).
+For each ordered pair (source, target) of layouts of one model it prints:
+
+* ``predicted`` — the target's iteration rebuilt from the source's trace at the target's layout
+  (``tracecal predict SOURCE --layout PPxTPxDP``, the target's micro-batches), replayed with the
+  cluster's models;
+* ``floor`` — the target predicted from its own trace (``tracecal predict TARGET --cluster C``);
+* the errors of both against the target's measured ``train_batch`` (the published best iteration's,
+  its slowest traced stage), and the throughputs the search ranks layouts by.
+
+Then ``tracecal search`` on each run at its own GPU count, and whether it ranks the measured layouts of
+that count in their measured order of throughput.
+
+Usage::
+
+    python benchmarks/layout_what_if.py [--runs DIR] [--samples DIR ...] [--cluster NAME] [--db PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import polars as pl
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = REPO.parent / "shared" / "data" / "gpumodeling25"
+BIN = Path(sys.executable).parent
+
+
+def cli(*args: str, db: Path) -> str:
+    done = subprocess.run([*args, "--db", str(db)], capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(args)} failed:\n{done.stderr}")
+    return done.stdout
+
+
+def prepare(db: Path, runs: list[Path], samples: list[Path], cluster: str) -> None:
+    """Samples, runs and models in ``db`` (steps already done are skipped)."""
+    import duckdb
+
+    have_runs: set[str] = set()
+    have_models = False
+    if db.exists():
+        with duckdb.connect(str(db), read_only=True) as con:
+            have_runs = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
+            have_models = bool(con.execute("SELECT count(*) FROM models WHERE cluster = ?", [cluster]).fetchone()[0])
+    if not have_models:
+        for folder in samples:
+            cli(str(BIN / "tracecal"), "samples", "import", str(folder), "--cluster", cluster,
+                "--format", "gpumodeling25", db=db)  # fmt: skip
+    missing = [r for r in runs if r.name not in have_runs]
+    if missing:
+        cli(str(BIN / "trace-ingest"), *map(str, missing), "--cluster", cluster, db=db)
+    if not have_models:
+        cli(str(BIN / "calibrate"), "--cluster", cluster, db=db)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=Path, default=DATA / "runs" / "perlmutter", help="folder of decoded runs")
+    parser.add_argument(
+        "--samples",
+        type=Path,
+        nargs="+",
+        default=[DATA / "samples" / "perlmutter_a100_compute", DATA / "samples" / "perlmutter_a100_nccl"],
+    )
+    parser.add_argument("--cluster", help="cluster name for the samples (default: the runs folder's name)")
+    parser.add_argument("--db", type=Path, help="database to use and keep (default: a temporary one)")
+    parser.add_argument("--no-search", action="store_true", help="skip tracecal search")
+    args = parser.parse_args()
+    cluster = args.cluster or args.runs.name
+    work = Path(tempfile.mkdtemp(prefix="tracecal-layout-"))
+    db = args.db or work / "layout.duckdb"
+    try:
+        started = time.perf_counter()
+        runs = sorted(p for p in args.runs.iterdir() if p.is_dir())
+        prepare(db, runs, args.samples, cluster)
+        prepared_s = time.perf_counter() - started
+        rows, searches = evaluate(db, cluster, [r.name for r in runs], search=not args.no_search)
+        show(rows, searches)
+        print(f"\ntimes: prepare {prepared_s:.0f} s, all {time.perf_counter() - started:.0f} s")
+    finally:
+        if args.db is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _samples(layout) -> int:
+    return layout.dp * int(layout.micro_batches or 1) * int(layout.micro_batch_size or 1)
+
+
+def _model_key(log) -> tuple:
+    return (log.num_layers, log.hidden_size, log.num_attention_heads, log.seq_length)
+
+
+def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tuple[pl.DataFrame, list]:
+    from tracecal.config import model_store_dir
+    from tracecal.ingest.neox_log import parse_neox_log
+    from tracecal.predict.models import load_duration_model
+    from tracecal.predict.published_runs import with_published_iteration
+    from tracecal.predict.relayout_run import predict_layout, run_layout, source_job
+    from tracecal.predict.search import search_run
+    from tracecal.predict.store import predict_stored_run
+    from tracecal.sql.connection import open_database
+
+    rows, searches = [], []
+    with open_database(db) as con:
+        model = load_duration_model(con, model_store_dir(db), cluster)
+        groups: dict[tuple, list[str]] = {}
+        for run_id in run_ids:
+            log = parse_neox_log(sorted(source_job(con, run_id).glob("*.log"))[0])
+            groups.setdefault(_model_key(log), []).append(run_id)
+        measured, floor, layouts = {}, {}, {}
+        for run_id in run_ids:
+            _, own = predict_stored_run(con, run_id, mode="predicted", model=model, store=False)
+            it = with_published_iteration(con, run_id, own).iteration_error()
+            measured[run_id] = int(it["measured_ns"].max())
+            floor[run_id] = int(it["predicted_ns"].max())
+            layouts[run_id] = run_layout(con, run_id)
+        for members in groups.values():
+            for src, tgt in itertools.permutations(members, 2):
+                lay = layouts[tgt]
+                t0 = time.perf_counter()
+                pred = predict_layout(con, src, lay, mode="predicted", model=model)
+                seconds = time.perf_counter() - t0
+                m = measured[tgt]
+                rows.append(
+                    {
+                        "source": src,
+                        "target": tgt,
+                        "layout": lay.text,
+                        "measured_s": m / 1e9,
+                        "predicted_s": pred.iteration_ns / 1e9,
+                        "error_pct": 100 * (pred.iteration_ns - m) / m,
+                        "floor_error_pct": 100 * (floor[tgt] - m) / m,
+                        "measured_per_s": pred.samples / (m / 1e9),
+                        "predicted_per_s": pred.throughput,
+                        "uncovered_pct": 100 * float(pred.uncovered["share"].sum()),
+                        "gap_pct": None if pred.gap_share is None else 100 * pred.gap_share,
+                        "seconds": seconds,
+                    }
+                )
+                print(f"{src} -> {lay.text}: {rows[-1]['error_pct']:+.2f} % ({seconds:.0f} s)", file=sys.stderr)
+        if search:
+            by_gpus: dict[tuple, list[str]] = {}
+            for key, members in groups.items():
+                for r in members:
+                    by_gpus.setdefault((key, layouts[r].world_size), []).append(r)
+            for (_, gpus), members in by_gpus.items():
+                if len(members) < 2:
+                    continue
+                per_s = {r: _samples(layouts[r]) / (measured[r] / 1e9) for r in members}
+                order = [layouts[r].text for r in sorted(members, key=lambda r: -per_s[r])]
+                src = members[0]
+                t0 = time.perf_counter()
+                res = search_run(con, src, gpus, model=model)
+                searches.append((src, gpus, res, order, time.perf_counter() - t0))
+    return pl.DataFrame(rows), searches
+
+
+def show(rows: pl.DataFrame, searches: list) -> None:
+    with pl.Config(tbl_rows=100, tbl_cols=20, tbl_width_chars=220, float_precision=2, tbl_hide_dataframe_shape=True):
+        print("\n## cross-layout predictions (predicted mode) against the target's measured train_batch\n")
+        print(rows)
+        if rows.height:
+            err = rows["error_pct"].abs()
+            print(
+                f"\n|error| mean {err.mean():.2f} %, max {err.max():.2f} %; within 6 %: "
+                f"{int((err <= 6).sum())} of {rows.height}; "
+                f"floor |error| mean {rows['floor_error_pct'].abs().mean():.2f} %"
+            )
+        for src, gpus, res, order, seconds in searches:
+            print(f"\n## tracecal search {src} --gpus {gpus} ({seconds:.0f} s)\n")
+            print(res.table.select("rank", "layout", "global_batch", "iteration_ms", "samples_per_s", "idle_share"))
+            for r in res.rejected:
+                print(f"left out: {r.reason}")
+            ranked = [x for x in res.table["layout"].to_list() if x in order]
+            verdict = "the same order" if ranked == order else "another order"
+            print(f"measured throughput order {', '.join(order)}; search ranks them {', '.join(ranked)}: {verdict}")
+
+
+if __name__ == "__main__":
+    main()

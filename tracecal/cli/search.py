@@ -1,0 +1,215 @@
+"""`tracecal search RUN --gpus N` and `tracecal predict RUN --layout PPxTPxDP`: a run's model at other
+parallel layouts, rebuilt and replayed (see docs/what-if.md)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from tracecal.cli.common import DbOption, render_rows, show_progress, stderr, stdout, user_errors, warn
+from tracecal.config import Settings, model_store_dir
+from tracecal.errors import PredictionError
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from tracecal.predict.relayout_run import LayoutPrediction
+
+SEARCH_FORMATS = ("table", "csv")
+
+_DEVICE_MEMORY = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
+
+
+def device_memory_bytes(con: duckdb.DuckDBPyConnection, cluster: str | None) -> tuple[float | None, str]:
+    """The device memory of a cluster's GPUs as its samples name them (``...-80GB``), and where from."""
+    if cluster is None:
+        return None, "no --cluster: memory per GPU not checked"
+    names = [r[0] for r in con.execute(
+        "SELECT DISTINCT device_name FROM samples WHERE cluster = ? AND device_name IS NOT NULL", [cluster]
+    ).fetchall()]  # fmt: skip
+    sizes = [int(m.group(1)) for n in names if (m := _DEVICE_MEMORY.search(n))]
+    if not sizes:
+        return None, f"{cluster}'s samples name no device memory: memory per GPU not checked (use --gpu-memory-gib)"
+    return min(sizes) * 1e9, f"{min(sizes)} GB, from the device of {cluster}'s samples"
+
+
+def _model(con: duckdb.DuckDBPyConnection, db_path: Path, cluster: str | None, mode: str):
+    if mode != "predicted":
+        return None
+    if not cluster:
+        raise PredictionError("predicting a layout needs --cluster NAME (or --mode measured for the traced durations)")
+    from tracecal.predict.models import load_duration_model
+
+    return load_duration_model(con, model_store_dir(db_path), cluster)
+
+
+def predict_at_layout(
+    run: str,
+    layout_text: str | None,
+    *,
+    cluster: str | None,
+    mode: str,
+    micro_batches: int | None,
+    micro_batch_size: int | None,
+    gpus_per_node: int | None,
+    replay: str,
+    db: Path | None,
+) -> None:
+    """`tracecal predict RUN --layout ...`: rebuild, replay and print the summary (stores nothing)."""
+    from tracecal.predict.layouts import Layout, parse_layout
+    from tracecal.predict.relayout_run import predict_layout, run_layout
+    from tracecal.sql.connection import open_database
+
+    settings = Settings.resolve(db)
+    with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
+        if layout_text is None:  # --micro-batches/--micro-batch-size alone: the run's own PP, TP, DP
+            own = run_layout(con, run)
+            pp, tp, dp = own.pp, own.tp, own.dp
+        else:
+            pp, tp, dp = parse_layout(layout_text)
+        target = Layout(pp, tp, dp, micro_batches, micro_batch_size, gpus_per_node)
+        model = _model(con, settings.db_path, cluster, mode)
+        result = predict_layout(con, run, target, mode=mode, model=model, replay=replay)
+    render_layout(result, cluster if mode == "predicted" else None)
+
+
+def render_layout(result: LayoutPrediction, cluster: str | None) -> None:
+    lay = result.layout
+    title = f"{result.run_id} at {lay.text} (PPxTPxDP), " + (
+        f"cluster {cluster}'s models" if cluster else "traced durations"
+    )
+    rows = [
+        [r["component"], f"{r['ms']:.3f}", f"{100 * r['share']:.1f} %"] for r in result.components.iter_rows(named=True)
+    ]
+    render_rows(title, ["component", "predicted ms", "share of iteration"], rows)
+    stdout.print(
+        f"layers per stage {result.relayout.layers_per_stage} ({result.relayout.partition_rule} partition); "
+        f"{lay.micro_batches} micro-batches of {lay.micro_batch_size} per data-parallel rank; "
+        f"nodes of {lay.gpus_per_node} GPUs",
+        highlight=False,
+    )
+    stdout.print(
+        f"iteration (slowest stage): {result.iteration_ns / 1e6:.3f} ms for {result.samples} samples: "
+        f"{result.throughput:.2f} samples/s; idle (bubble and waits) {100 * result.idle_share:.1f} %",
+        highlight=False,
+    )
+    if result.gap_share is not None:
+        stdout.print(
+            f"CPU-side gaps kept as traced (per kernel position) on the critical path: {100 * result.gap_share:.1f} % "
+            "of the iteration",
+            highlight=False,
+        )
+    top = result.uncovered.head(6)
+    if top.height:
+        total = float(result.uncovered["share"].sum())
+        names = ", ".join(
+            f"{r['name'][:48]} ({r['family']}) {100 * r['share']:.2f} %" for r in top.iter_rows(named=True)
+        )
+        warn(
+            f"{100 * total:.1f} % of operator time has no model at its new shape (traced duration times the work "
+            f"ratio): {names}"
+        )
+
+
+def search(
+    run: Annotated[str, typer.Argument(help="Run id (see `tracecal runs`); a decoded GPT-NeoX run.")],
+    gpus: Annotated[int, typer.Option("--gpus", min=1, help="GPUs every layout uses (PP·TP·DP).")],
+    cluster: Annotated[
+        str | None, typer.Option("--cluster", help="Cluster whose calibrated models predict durations.")
+    ] = None,
+    gpus_per_node: Annotated[
+        int | None, typer.Option("--gpus-per-node", min=1, help="GPUs per node (default: as the run).")
+    ] = None,
+    micro_batches: Annotated[
+        int | None,
+        typer.Option("--micro-batches", min=1, help="Micro-batches per data-parallel rank (default: as the run)."),
+    ] = None,
+    micro_batch_size: Annotated[
+        int | None, typer.Option("--micro-batch-size", min=1, help="Samples per micro-batch (default: as the run).")
+    ] = None,
+    gpu_memory_gib: Annotated[
+        float | None,
+        typer.Option(
+            "--gpu-memory-gib", min=1, help="Device memory per GPU (default: from the cluster's device name)."
+        ),
+    ] = None,
+    mode: Annotated[
+        str, typer.Option("--mode", help="predicted (needs --cluster) or measured (traced durations).")
+    ] = "predicted",
+    fmt: Annotated[str, typer.Option("--format", help="table or csv.")] = "table",
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the CSV to this file.")] = None,
+    figure: Annotated[
+        Path | None, typer.Option("--figure", help="PNG of throughput and component split per layout.")
+    ] = None,
+    db: DbOption = None,
+) -> None:
+    """List the valid parallel layouts of N GPUs for RUN's model (heads and hidden size divisible by TP,
+    layers over PP, whole nodes, memory per GPU), predict each by rebuilding and replaying its iteration,
+    and rank them by throughput: samples per second at the global batch each layout runs (DP ·
+    micro-batches · micro-batch size, stated). Shows each layout's iteration time, component split and
+    idle (bubble) share."""
+    from tracecal.predict.search import search_run
+    from tracecal.sql.connection import open_database
+
+    with user_errors():
+        if fmt not in SEARCH_FORMATS:
+            raise PredictionError(f"unknown --format {fmt!r}; use one of {', '.join(SEARCH_FORMATS)}")
+        settings = Settings.resolve(db)
+        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
+            model = _model(con, settings.db_path, cluster, mode)
+            if gpu_memory_gib is not None:
+                memory, memory_source = gpu_memory_gib * 2**30, "--gpu-memory-gib"
+            else:
+                memory, memory_source = device_memory_bytes(con, cluster)
+
+            def progress(layout, i, n) -> None:
+                if show_progress():
+                    stderr.print(f"predicting {layout.text} ({i + 1} of {n})", highlight=False)
+
+            result = search_run(
+                con, run, gpus, model=model, mode=mode, gpus_per_node=gpus_per_node, micro_batches=micro_batches,
+                micro_batch_size=micro_batch_size, memory_bytes=memory, progress=progress,
+            )  # fmt: skip
+        table = result.table
+        if fmt == "csv":
+            text = table.write_csv(float_precision=4)
+            if output is not None:
+                output.write_text(text)
+                stdout.print(f"wrote {table.height} layouts to {output}")
+            else:
+                typer.echo(text, nl=False)
+        else:
+            _render_search(run, result, memory_source)
+        if figure is not None:
+            from tracecal.predict.figures_search import search_figure
+
+            stdout.print(f"figure: {search_figure(table, figure, f'{run}: layouts of {gpus} GPUs')}")
+
+
+def _render_search(run: str, result, memory_source: str) -> None:
+    table = result.table
+    comp_cols = [
+        c for c in table.columns if c.endswith("_share") and c not in ("idle_share", "gap_share", "uncovered_share")
+    ]
+    rows = []
+    for r in table.iter_rows(named=True):
+        split = ", ".join(
+            f"{c.removesuffix('_share').removeprefix('compute_')} {100 * r[c]:.0f}%"
+            for c in comp_cols
+            if r.get(c) and r[c] >= 0.02 and c != "idle_share"
+        )
+        rows.append([
+            r["rank"], r["layout"], r["global_batch"], f"{r['iteration_ms']:.1f}", f"{r['samples_per_s']:.2f}",
+            f"{100 * r['idle_share']:.1f} %", split,
+        ])  # fmt: skip
+    render_rows(
+        f"{run}: layouts of {result.gpus} GPUs ranked by throughput (PPxTPxDP)",
+        ["rank", "layout", "global batch", "iteration ms", "samples/s", "idle (bubble)", "split (≥ 2 %)"],
+        rows,
+    )
+    stdout.print(f"memory per GPU: {memory_source}", highlight=False)
+    for r in result.rejected:
+        stdout.print(f"left out: {r.reason}", highlight=False)

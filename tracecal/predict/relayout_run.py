@@ -1,0 +1,207 @@
+"""Predict a stored run at another parallel layout: rebuild, decode and replay it with the same engine.
+
+The rebuilt iteration (``relayout.rebuild_at``) is stored in a scratch database of its own, decoded
+there by the same code as an ingest, loaded and replayed like any stored run (``predict_stored_run``),
+and summarised: the slowest stage's iteration, the throughput at the global batch the layout runs,
+its component split, its idle (bubble) share, the share of CPU-side gaps kept as traced, and the
+operators no model covers at their new shape. The caller's database is only read.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import duckdb
+import polars as pl
+
+from tracecal.errors import PredictionError, RunNotFoundError
+from tracecal.ingest.discover import DECODED_FORMAT, decoded_job_dir
+from tracecal.predict.durations import DurationModel
+from tracecal.predict.layouts import Layout
+from tracecal.predict.relayout import Relayout, rebuild_at
+from tracecal.predict.run import Prediction, slack_report
+from tracecal.predict.store import predict_stored_run
+
+COMPONENT_ORDER = (
+    "compute_fwd",
+    "compute_bwd",
+    "optimizer",
+    "other",
+    "comm_tp",
+    "comm_dp",
+    "comm_pp",
+    "comm_ep",
+    "comm_other",
+    "memcpy",
+    "idle",
+)
+
+
+@dataclass(frozen=True)
+class LayoutPrediction:
+    """One run predicted at one layout.
+
+    Attributes:
+        run_id: the source run.
+        layout: the layout predicted (batch values resolved from the source run).
+        iteration_ns: the slowest stage's replayed iteration.
+        samples: the global batch of one iteration (DP · micro-batches · micro-batch size).
+        components: the slowest stage's split: component, ms, share (of its iteration).
+        idle_share: the slowest stage's idle time (pipeline bubble and waits) over its iteration.
+        gap_share: CPU-side gaps kept as traced on its critical path, over its iteration.
+        uncovered: operators whose duration no model gave (name, family, share of operator time).
+        prediction: the replay.
+        relayout: the tables and log the iteration was rebuilt from.
+    """
+
+    run_id: str
+    layout: Layout
+    iteration_ns: int
+    samples: int
+    components: pl.DataFrame
+    idle_share: float
+    gap_share: float | None
+    uncovered: pl.DataFrame
+    prediction: Prediction
+    relayout: Relayout
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second."""
+        return self.samples / (self.iteration_ns / 1e9) if self.iteration_ns else 0.0
+
+
+def source_job(con: duckdb.DuckDBPyConnection, run_id: str) -> Path:
+    """The decoded run folder a stored run was ingested from.
+
+    Raises:
+        RunNotFoundError: no such run. PredictionError: not a decoded run, or its folder is gone.
+    """
+    row = con.execute("SELECT source_path, format FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if row is None:
+        raise RunNotFoundError(f"no run {run_id!r} in the database; ingest it with trace-ingest")
+    if row[1] != DECODED_FORMAT:
+        raise PredictionError(
+            f"run {run_id} is a {row[1]} trace: --layout rebuilds decoded GPT-NeoX runs (their framework's "
+            "schedule and partition are known from the log); re-run the workload at the layout instead"
+        )
+    job = decoded_job_dir(Path(row[0]))
+    if job is None:
+        raise PredictionError(f"run {run_id}: its decoded run folder {row[0]} is no longer there; --layout reads it")
+    return job
+
+
+def run_layout(con: duckdb.DuckDBPyConnection, run_id: str) -> Layout:
+    """The layout a stored decoded run ran at, from its log."""
+    from tracecal.ingest.neox_log import parse_neox_log
+    from tracecal.predict.relayout import source_layout
+
+    logs = sorted(source_job(con, run_id).glob("*.log"))
+    if not logs:
+        raise PredictionError(f"run {run_id}: its decoded run folder holds no GPT-NeoX log (*.log)")
+    return source_layout(parse_neox_log(logs[0]))
+
+
+@contextmanager
+def scratch_database(work_dir: Path | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A fresh tracecal database in a temporary folder, removed afterwards."""
+    from tracecal.sql.connection import open_database
+
+    folder = Path(tempfile.mkdtemp(prefix="tracecal-relayout-", dir=work_dir))
+    try:
+        with open_database(folder / "relayout.duckdb") as con:
+            yield con
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def predict_layout(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    target: Layout,
+    *,
+    mode: str = "predicted",
+    model: DurationModel | None = None,
+    gpus: int | None = None,
+    replay: str = "fitted",
+    work_dir: Path | None = None,
+) -> LayoutPrediction:
+    """Rebuild ``run_id`` at ``target``, replay it (``mode``: predicted with ``model``, or measured:
+    the source's durations on the new shapes as the re-layout sets them) and summarise it.
+
+    Raises:
+        LayoutError: the model cannot run at ``target``. PredictionError, RunNotFoundError: see
+        ``source_job`` and ``predict_iteration``.
+    """
+    from tracecal.decode.consistency import misaligned_ops
+    from tracecal.pipeline.ingest import ingest_rebuilt_run
+
+    job = source_job(con, run_id)
+    rebuilt, plan = rebuild_at(job, target, misaligned=misaligned_ops, gpus=gpus)
+    new_id = f"{run_id}@{plan.layout.text}"
+    with scratch_database(work_dir) as scratch:
+        ingest_rebuilt_run(scratch, new_id, rebuilt, job)
+        _, pred = predict_stored_run(scratch, new_id, mode=mode, model=model, store=False, replay=replay)
+    return summarise(run_id, plan, pred, rebuilt.notes)
+
+
+def summarise(run_id: str, plan: Relayout, pred: Prediction, notes: list[str]) -> LayoutPrediction:
+    """The iteration, throughput, split, idle and gap shares and uncovered operators of a replay."""
+    it = pred.components.filter(pl.col("component") == "iteration").sort("predicted_ns", descending=True)
+    slow = it.row(0, named=True)
+    rank, span = int(slow["rank"]), int(slow["predicted_ns"])
+    comps = (
+        pred.components.filter((pl.col("rank") == rank) & pl.col("component").is_in(COMPONENT_ORDER))
+        .select("component", (pl.col("predicted_ns") / 1e6).alias("ms"), (pl.col("predicted_ns") / span).alias("share"))
+        .with_columns(pl.col("component").replace_strict({c: i for i, c in enumerate(COMPONENT_ORDER)}).alias("_o"))
+        .sort("_o")
+        .drop("_o")
+    )
+    idle = comps.filter(pl.col("component") == "idle")["share"]
+    gaps = slack_report(pred).filter((pl.col("rank") == rank) & (pl.col("component") == "iteration"))
+    gap_pct = gaps["unexplained_pct"][0] if gaps.height else None
+    layout = plan.layout
+    samples = layout.dp * int(layout.micro_batches or 1) * int(layout.micro_batch_size or 1)
+    return LayoutPrediction(
+        run_id=run_id,
+        layout=layout,
+        iteration_ns=span,
+        samples=samples,
+        components=comps,
+        idle_share=float(idle[0]) if idle.len() else 0.0,
+        gap_share=None if gap_pct is None else float(gap_pct) / 100.0,
+        uncovered=uncovered_operators(pred),
+        prediction=pred,
+        relayout=plan,
+        notes=notes,
+    )
+
+
+def uncovered_operators(pred: Prediction) -> pl.DataFrame:
+    """Operators whose replayed duration came from no model, largest first: name, family, and their
+    share of all operator time of the replay (``own`` activity and collective nodes)."""
+    nodes = pred.graph.nodes
+    own = (nodes["duration_role"] == "own") & nodes["node_kind"].is_in(["activity", "collective"])
+    frame = pl.DataFrame(
+        {
+            "name": nodes["name"],
+            "family": nodes["family"].fill_null("other"),
+            "dur_ns": pl.Series(pred.durations.dur_ns, dtype=pl.Int64),
+            "source": pl.Series(pred.durations.source.astype(str), dtype=pl.String),
+        }
+    ).filter(own)
+    total = float(frame["dur_ns"].sum() or 0)
+    if total <= 0:
+        return pl.DataFrame(schema={"name": pl.String, "family": pl.String, "share": pl.Float64})
+    return (
+        frame.filter(pl.col("source") != "model")
+        .group_by("name", "family")
+        .agg((pl.col("dur_ns").sum() / total).alias("share"))
+        .sort("share", descending=True)
+    )
