@@ -4,6 +4,7 @@ stored sample carries (docs/samples.md#timing)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -138,3 +139,20 @@ def test_samples_exported_before_the_timing_column_say_how_they_were_timed(tmp_p
     assert result.exit_code == 0, result.output
     with open_database(db, read_only=True) as con:
         assert con.execute("SELECT timing, count(*) FROM samples GROUP BY ALL").fetchall() == [("cuda_events", 1039)]
+
+
+def test_the_timing_probe_summary_reads_each_method_against_the_profilers_kernel_time() -> None:
+    """benchmarks/timing_methods.py on the shared H200 probe: the figures docs/samples.md#timing cites."""
+    import importlib.util
+
+    path = Path(__file__).parents[1] / "benchmarks" / "timing_methods.py"
+    spec = importlib.util.spec_from_file_location("timing_methods", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rows = json.loads((H200 / "timing_probe.json").read_text())
+    assert bench.reference_of(rows) == "prof_flush"
+    lines = bench.summary(rows)
+    assert "| burst | -9.3 | +1.0 | +3.6 | +1.05 |" in lines
+    assert "| ev_flush | -6.8 | +22.7 | +55.6 | +22.64 |" in lines
+    assert sum(line.startswith("| 4096×32000×2048 |") for line in lines) == 3  # the LM head, 3 layouts
