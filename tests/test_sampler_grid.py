@@ -109,7 +109,9 @@ def test_every_shipped_grid_is_valid_and_its_ops_are_in_their_decode_family(name
 
 
 def test_shipped_grids_cover_every_family_and_op() -> None:
-    ops = {(p.family, p.op) for p in load_grid("ci").points}
+    """ci (every family and direction, in seconds on a CPU) and gpt-step (the ops of a GPU training
+    step beyond it) together sample every op."""
+    ops = {(p.family, p.op) for name in ("ci", "gpt-step") for p in load_grid(name).points}
     assert ops == set(cases.OP_SPECS)
     assert set(cases.FAMILIES) == {
         "gemm",
@@ -151,11 +153,12 @@ def test_summarize_median_min_iqr() -> None:
         summarize([])
 
 
-def _profiled_args(point: GridPoint, tmp_path: Path) -> dict:
-    """Input Dims / Input type / Concrete Inputs that torch.profiler records for the point's call."""
+def _profiled_args(point: GridPoint, tmp_path: Path, run: GridPoint | None = None) -> dict:
+    """Input Dims / Input type / Concrete Inputs that torch.profiler records for the point's call
+    (the call of ``run`` when given, recorded under ``point.op``)."""
     import torch
 
-    built = cases.build(point, "cpu")
+    built = cases.build(run or point, "cpu")
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
         built.run()
     path = tmp_path / f"{point.op.replace(':', '_')}.json"
@@ -175,7 +178,42 @@ def test_sample_shape_columns_equal_what_decode_computes_from_a_real_trace_of_th
         args = _profiled_args(point, tmp_path)
         traced = shape_row(point.op, args.get("Input Dims"), args.get("Input type"), args.get("Concrete Inputs"))
         assert cases.shape_columns(point) == traced, point.op
-    assert len(seen) == len(cases.OP_SPECS) - 2  # every op but the two optimizer steps
+    assert len(seen) == len({op for f, op in cases.OP_SPECS if f in {p.family for p in load_grid("ci").points}
+                             and f != "optimizer" and op in {q.op for q in load_grid("ci").points}})  # fmt: skip
+
+
+CUDA_ONLY = {"aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_cudnn_attention"}
+CPU_NAME = {"aten::_scaled_dot_product_flash_attention": "aten::_scaled_dot_product_flash_attention_for_cpu"}
+
+
+@pytest.mark.slow
+def test_gpu_step_samples_join_what_decode_computes_from_a_real_trace_of_the_call(tmp_path: Path) -> None:
+    """The same join for the gpt-step grid's forward ops, on this CPU in float32 at small sizes: the
+    call each sampler makes is recorded under the op's own name (the CPU flash kernel under its CPU
+    name), with the Input Dims, types and Concrete Inputs that give the sample's shape columns."""
+    seen = set()
+    for point in load_grid("gpt-step").points:
+        if point.direction != "fwd" or point.op in seen | CUDA_ONLY or point.family == "optimizer":
+            continue
+        if point.dim("src") in ("pinned", "pageable"):
+            continue  # a host-to-device copy needs a GPU
+        small = GridPoint(point.family, point.op, "fwd", "float32",
+                          tuple((k, min(v, 256) if isinstance(v, int) and not isinstance(v, bool) else v)
+                                for k, v in point.dims))  # fmt: skip
+        if small.dim("src_dtype") == "float32":
+            small = GridPoint(small.family, small.op, "fwd", "float32",
+                              tuple((k, "bfloat16" if k == "src_dtype" else v) for k, v in small.dims))  # fmt: skip
+        seen.add(point.op)
+        name = CPU_NAME.get(point.op, point.op)
+        args = _profiled_args(GridPoint(small.family, name, "fwd", small.dtype, small.dims), tmp_path, small)
+        traced = shape_row(name, args.get("Input Dims"), args.get("Input type"), args.get("Concrete Inputs"))
+        sampled = cases.shape_columns(small)
+        if traced["dtype"] is None:  # a TensorList (cat) is untyped in a trace: the sample knows its dtype
+            traced["dtype"] = sampled["dtype"]
+        assert {k: v for k, v in sampled.items() if k != "io_bytes"} == {
+            k: v for k, v in traced.items() if k != "io_bytes"
+        }, point.op
+    assert seen == {q.op for q in load_grid("gpt-step").points if q.family != "optimizer"} - CUDA_ONLY
 
 
 def test_optimizer_samples_match_the_fused_kernel_call_of_a_real_trace(tmp_path: Path) -> None:
