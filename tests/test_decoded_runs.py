@@ -49,7 +49,7 @@ def test_schedule_is_one_forward_one_backward(stages: int, micro_batches: int) -
         assert counts["send_activation"] == (0 if stage == stages - 1 else micro_batches)
         assert counts["recv_activation"] == (0 if stage == 0 else micro_batches)
         assert counts["send_grad"] == (0 if stage == 0 else micro_batches)
-        assert kinds[-2:] == [("reduce_grads", None), ("optimizer_step", None)]
+        assert kinds[-3:] == [("reduce_grads", None), ("optimizer_step", None), ("aggregate_loss", None)]
 
 
 @pytest.fixture(scope="module")

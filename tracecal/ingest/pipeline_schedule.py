@@ -7,7 +7,8 @@ that after a warm-up of ``p - s - 1`` forwards, stage ``s`` alternates one forwa
 (1F1B). Around the computation, a forward step first sends the previous micro-batch's input gradient
 back and receives this micro-batch's activations; a backward step receives the output gradient and
 sends the previous forward's activations on. The last step adds the gradient reduction and the
-optimizer step. This module reproduces that order (documented in ``docs/published-runs.md``).
+optimizer step, and ``train_batch`` then aggregates the loss. This module reproduces that order
+(documented in ``docs/published-runs.md``).
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ INSTRUCTIONS = (
     "reduce_tied_grads",
     "reduce_grads",
     "optimizer_step",
+    "aggregate_loss",
 )
-"""Instruction kinds, named after DeepSpeed's ``PipeInstruction`` classes."""
+"""Instruction kinds, named after DeepSpeed's ``PipeInstruction`` classes; ``aggregate_loss`` is what
+``train_batch`` runs after the schedule (``_aggregate_total_loss``: the last stage's loss, averaged
+over its data-parallel group, broadcast to every stage)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,8 @@ def stage_instructions(stage: int, stages: int, micro_batches: int) -> list[Inst
         if valid(mb):
             out.append(Instruction("forward" if forward else "backward", mb))
         if step == total - 1:
-            out.extend(Instruction(kind) for kind in ("reduce_tied_grads", "reduce_grads", "optimizer_step"))
+            out.extend(
+                Instruction(kind) for kind in ("reduce_tied_grads", "reduce_grads", "optimizer_step", "aggregate_loss")
+            )
         previous = mb
     return out

@@ -5,7 +5,9 @@ writes it down as the events a ``with_stack`` torch-profiler trace of DeepSpeed 
 decode reads it: the DeepSpeed frames that name the measured modules, the CPU operators with their
 ``Input Dims`` (types from the run's precision), one launch per GPU activity (correlation and External
 id), and the collective arguments newer Kineto puts on NCCL kernels. The CPU program is compact and
-runs ahead of the GPU, so it never binds a replay.
+runs ahead of the GPU, except before a kernel the GPU idles for: there it synchronizes with the work
+before the gap and launches the kernel late (``rank_events``), so the replay's dependencies explain
+the gap.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ SCOPE = {
     "recv_grad": "deepspeed/runtime/pipe/engine.py: _exec_recv_grads",
     "reduce_grads": "deepspeed/runtime/pipe/engine.py: _exec_reduce_grads",
     "optimizer_step": "deepspeed/runtime/pipe/engine.py: _exec_optimizer_step",
+    "aggregate_loss": "deepspeed/runtime/pipe/engine.py: _aggregate_total_loss",
     "all_gather": "deepspeed/runtime/utils.py: all_gather_all_partitions",
     "tp_reduce": "_ReduceFromModelParallelRegion",
 }
@@ -70,10 +73,17 @@ _PY_FRAME = re.compile(r"\.py(\(\d+\))?: |^<built-in method ")
 _RUNTIME_CALL = {"kernel": "cudaLaunchKernel", "memcpy": "cudaMemcpyAsync", "memset": "cudaMemsetAsync"}
 _GPU_CATEGORY = {"kernel": "kernel", "memcpy": "gpu_memcpy", "memset": "gpu_memset"}
 _KINETO_COLL = {"allreduce": "allreduce", "allgather": "_allgather_base", "reducescatter": "_reduce_scatter_base"}
-_OPEN_NS, _CLOSE_NS, _CALL_NS, _CALL_STEP_NS = 200, 200, 1_000, 1_200
-"""CPU program timing: every operator and call is short and the program runs ahead of the GPU."""
+_OPEN_NS, _CLOSE_NS, _CALL_NS, _CALL_STEP_NS = 20, 20, 100, 120
+"""CPU program timing: every operator and call is short, so the program runs ahead of the GPU."""
 _BASE_NS = 1_000_000_000
 """The rebuilt iteration's CPU program starts at this time on every rank's (common) clock."""
+_GPU_LEAD_NS = 100_000
+"""The GPU timeline starts this long after the CPU program (the first launches' head start)."""
+LAUNCH_NS, SYNC_RETURN_NS = 4_000, 1_000
+"""Launch latency (call start to kernel start on an idle stream) and a synchronize's return latency."""
+SYNC_MIN_GAP_NS = LAUNCH_NS + SYNC_RETURN_NS + 1_000
+"""A GPU gap at least this long before a kernel is the CPU's: it waited for the work before the gap
+(a synchronize), then spent the rest launching; a shorter gap is left to the stream (slack)."""
 
 
 class _Events:
@@ -125,10 +135,30 @@ def _chain(row: dict, aten_type: str) -> list[tuple[tuple, str, str, str | None,
     return chain
 
 
+def _launch_time(cursor: int, before_end: int | None, kernel_start: int) -> int | None:
+    """When the CPU launches a kernel that starts at ``kernel_start`` after work ending at
+    ``before_end`` (None: the rank's first): at ``cursor`` when the CPU is ahead and the GPU does
+    not idle long before the kernel; None when the CPU must first synchronize (the GPU idles at least
+    ``SYNC_MIN_GAP_NS`` while the CPU, ahead, had nothing left to launch); else (the CPU is already
+    late) when it gets there, at the latest the launch latency before the kernel starts."""
+    if before_end is None or kernel_start - before_end < SYNC_MIN_GAP_NS:
+        return min(cursor, kernel_start)
+    if cursor < before_end:
+        return None
+    return min(max(cursor, kernel_start - LAUNCH_NS), kernel_start)
+
+
 def rank_events(
     plan: pl.DataFrame, start: np.ndarray, end: np.ndarray, *, rank: int, groups: dict[str, list[int]], aten_type: str
 ) -> pa.Table:
     """The events of one rebuilt rank: its CPU program (scopes, operators, launches) and GPU activity.
+
+    The CPU program runs ahead of the GPU, except where the GPU idles before a kernel for at least
+    ``SYNC_MIN_GAP_NS``: there the CPU was late, so it synchronizes with the GPU (a
+    ``cudaDeviceSynchronize`` that returns ``SYNC_RETURN_NS`` after the work before the gap ends, as
+    DeepSpeed's per-layer, timer and ``.item()`` synchronizations do) and launches the kernel
+    ``LAUNCH_NS`` before it starts. The replay's dependencies then explain every such gap, and a
+    gap follows the work before it when durations change.
 
     Args:
         plan: the rank's rows in stream order (``reconstruct.ROW_SCHEMA``).
@@ -151,10 +181,12 @@ def rank_events(
         .alias("_run")
     )
     cursor = _BASE_NS + _OPEN_NS
+    gpu_base = _BASE_NS + _GPU_LEAD_NS
+    gpu_start, gpu_end = gpu_base + start.astype(np.int64), gpu_base + end.astype(np.int64)
     stack: list[tuple[tuple, int]] = []  # (identity, event id) of the open frames
     next_external = 1
     launches: list[tuple[int, int, int]] = []  # per row: runtime correlation, external id, runtime event
-    for row in plan.iter_rows(named=True):
+    for i, row in enumerate(plan.iter_rows(named=True)):
         chain = _chain(row, aten_type)
         keep = 0
         while keep < min(len(stack), len(chain)) and stack[keep][0] == chain[keep][0]:
@@ -176,16 +208,23 @@ def rank_events(
         call = "cuLaunchKernel" if driver else _RUNTIME_CALL[row["kind"]]
         correlation = len(launches) + 1
         kind = "cuda_driver" if driver else "cuda_runtime"
+        launch_at = _launch_time(cursor, gpu_end[i - 1] if i else None, int(gpu_start[i]))
+        if launch_at is None:  # the CPU waits for the work before the gap, then launches
+            ret = int(gpu_end[i - 1]) + SYNC_RETURN_NS
+            ev.add(
+                kind="cuda_runtime", category="cuda_runtime", name="cudaDeviceSynchronize", ts_ns=cursor,
+                dur_ns=ret - cursor, pid=pid, tid=tid,
+            )  # fmt: skip
+            launch_at = int(gpu_start[i]) - LAUNCH_NS
         runtime = ev.add(
-            kind=kind, category=kind, name=call, ts_ns=cursor, dur_ns=_CALL_NS, pid=pid, tid=tid,
+            kind=kind, category=kind, name=call, ts_ns=launch_at, dur_ns=_CALL_NS, pid=pid, tid=tid,
             correlation=correlation, external_id=op_external,
         )  # fmt: skip
         launches.append((correlation, op_external or 0, runtime))
-        cursor += _CALL_STEP_NS
+        cursor = launch_at + _CALL_STEP_NS
     for _, event_id in reversed(stack):
         ev.set(event_id, dur_ns=cursor - ev.cols["ts_ns"][event_id])
         cursor += _CLOSE_NS
-    gpu_base = cursor + 10 * _CALL_STEP_NS
     ev.set(marker, dur_ns=cursor - _BASE_NS)
     ranks_json = {kind: json.dumps(members) for kind, members in groups.items()}
     for (correlation, external, _), row, s, e in zip(launches, plan.iter_rows(named=True), start, end, strict=True):

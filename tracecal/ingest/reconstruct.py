@@ -301,6 +301,7 @@ def _stage_blocks(
             blocks[(pos, "pp_p2p")] = _kernel_rows(send, n, shape)
             send_sources[pos] = source
     _share_send_transfers(blocks)
+    _share_collective_sizes(blocks, "optimizer_step")
     return blocks, layers, flagged, send_sources
 
 
@@ -364,6 +365,29 @@ def _share_send_transfers(blocks: dict[tuple[str, str], pl.DataFrame]) -> None:
         blocks[key] = joined.with_columns(
             pl.coalesce("_dur", "dur_ns").alias("dur_ns"), pl.coalesce("nelems", "_n").alias("nelems")
         ).drop("_k", "_dur", "_n")
+
+
+def _share_collective_sizes(blocks: dict[tuple[str, str], pl.DataFrame], table: str) -> None:
+    """Every stage runs the same code path through ``table`` (the optimizer step: ZeRO's flag and norm
+    reductions, its all-gathers), so the k-th collective of a kind is the same tensor on every traced
+    rank: where one table lost its size (a ``record_param_comms`` row without dims), it takes the size
+    another traced rank recorded. Only when the tables hold as many collectives of each kind."""
+    tables = {key: rows for key, rows in blocks.items() if key[1] == table}
+    k = pl.when(pl.col("coll").is_not_null()).then(pl.col("coll").cum_count().over("coll") - 1).cast(pl.UInt32)
+    numbered = {key: rows.with_columns(k.alias("_k")) for key, rows in tables.items()}
+    counts = {key: dict(rows.group_by("coll").len().drop_nulls().iter_rows()) for key, rows in numbered.items()}
+    if len(tables) < 2 or len({tuple(sorted(c.items())) for c in counts.values()}) != 1:
+        return
+    stacked = pl.concat(
+        [rows.filter(pl.col("_k").is_not_null()).select("coll", "_k", "nelems") for rows in numbered.values()]
+    )
+    known = stacked.group_by("coll", "_k").agg(pl.col("nelems").drop_nulls().first().alias("_n"))
+    for key, rows in numbered.items():
+        blocks[key] = (
+            rows.join(known, on=["coll", "_k"], how="left", maintain_order="left")
+            .with_columns(pl.coalesce("nelems", "_n").alias("nelems"))
+            .drop("_k", "_n")
+        )
 
 
 def _misaligned_mask(rows: pl.DataFrame, shape: RunShape, misaligned: MisalignedFn) -> np.ndarray:
@@ -482,7 +506,53 @@ def _plan_stage(
             plan.add(reduce_rows, i, "reduce_grads")
         elif ins.kind == "optimizer_step":
             plan.add(opt, i, "optimizer_step")
+        elif ins.kind == "aggregate_loss":
+            plan.add(_loss_rows(stage, shape, opt), i, "aggregate_loss")
     return plan.frame()
+
+
+LOSS_BROADCAST_KERNEL = "ncclKernel_Broadcast_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+LOSS_ALLREDUCE_KERNEL = "ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)"
+"""Kernels of the loss aggregation that ends DeepSpeed's ``train_batch`` (no table records them)."""
+
+
+def _loss_rows(stage: int, shape: RunShape, opt: pl.DataFrame) -> pl.DataFrame:
+    """DeepSpeed's ``train_batch`` ends after the optimizer step with ``_aggregate_total_loss``: the last
+    stage averages the loss over its data-parallel group (a one-element all-reduce) and broadcasts
+    the pair (stage loss, average) over the pipeline group, which every other stage receives. The
+    broadcast is one collective of all stages, so every stage's iteration ends when the last one has
+    finished its optimizer step. No table records these kernels: each takes the shortest, and the gap
+    before it the median, of the stage's own one-element optimizer all-reduces (a tiny collective on
+    the same network)."""
+    small = opt.filter((pl.col("coll") == "allreduce") & (pl.col("nelems") <= SMALL_ALLREDUCE_ELEMENTS))
+    if small.height == 0:
+        return pl.DataFrame(schema={k: v for k, v in ROW_SCHEMA.items() if k not in _PLAN_COLUMNS})
+    dur, gap = int(small["dur_ns"].min()), int(small["gap_ns"].median())  # type: ignore[arg-type]
+    rows = []
+    if stage == shape.pp - 1 and shape.dp > 1:
+        rows.append((LOSS_ALLREDUCE_KERNEL, "nccl:all_reduce", 1, "allreduce", "dp", None))
+    rows.append((LOSS_BROADCAST_KERNEL, "nccl:broadcast", 2, "broadcast", "pp", "loss"))
+    return pl.DataFrame(
+        {
+            "kernel": [r[0] for r in rows],
+            "kind": ["kernel"] * len(rows),
+            "dur_ns": [dur] * len(rows),
+            "gap_ns": [gap] * len(rows),
+            "inner_op": [r[1] for r in rows],
+            "inner_dims": [f"[[{r[2]}]]" for r in rows],
+            "coll": [r[3] for r in rows],
+            "nelems": [r[2] for r in rows],
+            "coll_dtype": ["Float"] * len(rows),
+            "group": [r[4] for r in rows],
+            "rendezvous": [r[5] for r in rows],
+        },
+        schema={k: ROW_SCHEMA[k] for k in ("kernel", "kind", "dur_ns", "gap_ns", "inner_op", "inner_dims", "coll",
+                                            "nelems", "coll_dtype", "group", "rendezvous")},
+    )  # fmt: skip
+
+
+_PLAN_COLUMNS = ("instruction", "scope", "layer", "extra_scope")
+"""Row columns ``_StagePlan.add`` sets."""
 
 
 def _p2p(rows: pl.DataFrame, key: str, direction: str) -> pl.DataFrame:
