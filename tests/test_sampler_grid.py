@@ -264,7 +264,7 @@ def test_cuda_timing_orders_flush_events_and_sync(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: log.append("sync"))
     monkeypatch.setattr(torch, "empty", lambda *a, **k: Flush())
-    durations = timing.time_call(lambda: log.append("call"), "cuda", warmup=1, repeats=2)
+    durations = timing.time_call(lambda: log.append("call"), "cuda", warmup=1, repeats=2, method="cuda_events")
     assert log == ["call", "sync", "flush", "record", "call", "record", "flush", "record", "call", "record", "sync"]
     assert durations == [0.5e6, 0.5e6]
 
@@ -401,7 +401,7 @@ def test_profiler_timing_of_a_backward_is_its_autograd_node_without_accumulate_g
 @pytest.mark.parametrize(
     ("method", "device", "message"),
     [
-        ("profiler", "cuda", "--timing profiler cannot time on cuda; use cuda_events"),
+        ("perf_counter", "cuda", "--timing perf_counter cannot time on cuda; use cuda_burst or profiler"),
         ("cuda_events", "cpu", "--timing cuda_events cannot time on cpu; use perf_counter or profiler"),
         ("wallclock", "cpu", "--timing wallclock cannot time on cpu"),
     ],
@@ -411,7 +411,7 @@ def test_a_timing_method_the_device_cannot_use_is_one_clear_error(method: str, d
 
     with pytest.raises(SampleError, match=message):
         timing.time_call(lambda: None, device, warmup=0, repeats=1, method=method)
-    assert timing.default_timing("cuda:1") == "cuda_events" and timing.default_timing("cpu") == "perf_counter"
+    assert timing.default_timing("cuda:1") == "cuda_burst" and timing.default_timing("cpu") == "perf_counter"
 
 
 def test_compute_plan_filters_a_grid_and_asks_for_exactly_one_source(db_path: Path) -> None:
