@@ -121,7 +121,7 @@ def predict(
     from tracecal.predict.durations import parse_scale
     from tracecal.predict.published_runs import is_decoded_run, with_published_iteration
     from tracecal.predict.store import predict_stored_run, store_prediction
-    from tracecal.predict.what_if import target_gpus_per_node, uncovered_families
+    from tracecal.predict.what_if import is_what_if, run_cluster, target_gpus_per_node
     from tracecal.sql.connection import open_database
 
     with user_errors():
@@ -148,6 +148,8 @@ def predict(
             gpn, gpn_source = target_gpus_per_node(
                 con, run, cluster if resolved == "predicted" else None, gpus_per_node
             )
+            source = run_cluster(con, run)
+            ratios = _cross_cluster_ratios(con, run, source, cluster) if resolved == "predicted" else {}
             stored, pred = predict_stored_run(
                 con,
                 run,
@@ -159,11 +161,13 @@ def predict(
                 store=False,
                 replay=replay,
                 gpus_per_node=gpn,
+                fallback={f: r.factor for f, r in ratios.items()},
             )
             decoded = is_decoded_run(con, run)
             if decoded:
                 pred = with_published_iteration(con, run, pred)
             store_prediction(con, run, pred, cluster=cluster)
+        what_if = is_what_if(resolved, source, cluster, gpn)
         table = _rows_ms(pred)
         attribution = None
         if attribute:
@@ -174,18 +178,15 @@ def predict(
             table = table.join(parts, on=["rank", "component"], how="left", maintain_order="left")
         if figures is not None:
             _predict_figures(figures, run, pred, attribution)
-        if resolved == "predicted" and pred.coverage["all"] == 0:
-            warn(f"no operator of {run} is covered by cluster {cluster}'s models: every duration kept measured")
-        elif resolved == "predicted" and uncovered_families(pred.coverage):
-            warn(
-                f"cluster {cluster} has no model for the {', '.join(uncovered_families(pred.coverage))} operators "
-                f"of {run}: their measured durations are kept"
-            )
+        if resolved == "predicted":
+            _report_fallback(run, cluster, source, pred, ratios)
         if gpn is not None:
             warn(f"ranks placed on nodes of {gpn} GPUs (from {gpn_source}); collective topologies follow")
         if stored.paired_p2p:
             warn(f"{stored.paired_p2p} send/recv rows had no peer; paired by order between the run's two ranks")
         if fmt == "csv" or fmt == "json":
+            if what_if:  # against the traced run: a change, not an error
+                table = table.rename({"error_pct": "change_pct", "dependency_error_pct": "dependency_change_pct"})
             text = _csv(table) if fmt == "csv" else _json(table)
             if output is not None:
                 output.write_text(text)
@@ -193,14 +194,65 @@ def predict(
             else:
                 typer.echo(text, nl=False)
             return
-        _render(run, stored.iteration, resolved, cluster, pred, table)
+        _render(run, stored.iteration, resolved, cluster, pred, table, what_if)
         if attribution is not None:
-            _render_attribution(run, attribution)
+            _render_attribution(run, attribution, what_if)
         if decoded:
             stdout.print(
                 "decoded run: the iteration is measured by the published best iteration's train_batch; the "
                 "other components compare the replay with the rebuilt trace (gaps between kernels kept as measured)"
             )
+
+
+def _cross_cluster_ratios(con, run: str, source: str | None, target: str | None) -> dict:
+    """Family -> ``what_if.ClusterRatio`` for a run predicted with another cluster's models (empty on
+    its own cluster, or when the run's cluster is unknown)."""
+    from tracecal.predict.what_if import cluster_ratios, sample_rates
+
+    if source is None or target is None or source == target:
+        return {}
+    families = [r[0] for r in con.execute("SELECT DISTINCT family FROM operators WHERE run_id = ?", [run]).fetchall()]
+    return cluster_ratios(sample_rates(con, source, target), source, target, [*families, "comm"])
+
+
+def _report_fallback(run: str, cluster: str | None, source: str | None, pred: Prediction, ratios: dict) -> None:
+    """Name every family and collective that kept its measured durations, with its share of the
+    iteration; a bold warning when that is more than ``MOSTLY_MEASURED`` of a rank's iteration. On
+    another cluster: the ratios used, the share carried over unscaled and the idle share."""
+    import polars as pl
+
+    from tracecal.cli.common import stderr
+    from tracecal.predict.durations import measured_share
+    from tracecal.predict.what_if import MOSTLY_MEASURED, idle_share, measured_fallback
+
+    if ratios:
+        used = sorted(set(pred.graph.nodes["family"].fill_null("other").to_numpy()[pred.durations.source == "ratio"]))
+        if used:
+            warn(
+                f"no {cluster} model for {', '.join(used)}: measured durations scaled from {source} by "
+                + "; ".join(f"{f} ×{ratios[f].factor:.3f} ({ratios[f].basis})" for f in used)
+            )
+    kept = measured_fallback(pred)
+    parts = kept.filter(pl.col("what") != "total")
+    if parts.height:
+        listed = ", ".join(
+            f"{r['what']} {r['share_pct']:.1f} % (rank {r['rank']})" for r in parts.iter_rows(named=True)
+        )
+        warn(f"kept their measured durations (no model on cluster {cluster}), share of the iteration: {listed}")
+    total = kept.filter(pl.col("what") == "total")
+    if total.height and total["share_pct"][0] > 100 * MOSTLY_MEASURED:
+        stderr.print(
+            f"[bold yellow]warning: {total['share_pct'][0]:.1f} % of rank {total['rank'][0]}'s iteration is operator "
+            f"time kept as traced: this prediction is mostly measured time, not cluster {cluster}'s models[/]",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if source is not None and cluster is not None and source != cluster:
+        warn(
+            f"carried over from {source} unscaled: {100 * measured_share(pred.graph, pred.durations):.1f} % of the "
+            f"operator time, and every CPU-side gap (the GPUs sit idle up to {idle_share(pred):.1f} % of a rank's "
+            "predicted iteration)"
+        )
 
 
 def _predict_figures(directory: Path, run: str, pred: Prediction, attribution: pl.DataFrame | None) -> None:
@@ -225,20 +277,22 @@ def _attribution_figure(per_rank: pl.DataFrame, directory: Path) -> Path:
     return error_attribution(long_form(summary, ["run_id", "component"]), directory / "attribution.png")
 
 
-def _render_attribution(title: str, attribution: pl.DataFrame) -> None:
-    """The attribution across ranks (busy components summed, the iteration of the slowest rank)."""
+def _render_attribution(title: str, attribution: pl.DataFrame, what_if: bool = False) -> None:
+    """The attribution across ranks (busy components summed, the iteration of the slowest rank); a
+    what-if's difference to the traced run is labelled a change."""
     import polars as pl
 
     from tracecal.predict.attribution import as_percent, percent_columns, run_attribution
 
     summary = as_percent(run_attribution(attribution)).filter(pl.col("error_pct").is_not_null())
     parts = percent_columns(summary)
-    header = ["component", "error %", *[p.removesuffix("_pct").removeprefix("family_") + " %" for p in parts]]
+    word = "change" if what_if else "error"
+    header = ["component", f"{word} %", *[p.removesuffix("_pct").removeprefix("family_") + " %" for p in parts]]
     rows = [[r["component"], *[_fmt(r[c], 2) for c in ["error_pct", *parts]]] for r in summary.iter_rows(named=True)]
-    render_rows(f"{title}: where the error comes from (% of the measured time, ranks summed)", header, rows)
+    render_rows(f"{title}: where the {word} comes from (% of the measured time, ranks summed)", header, rows)
     stdout.print(
         "schedule: the measured-duration replay's error; a family: its durations predicted, every other measured; "
-        "interaction: what the families change together beyond their separate effects. The parts add up to the error."
+        f"interaction: what the families change together beyond their separate effects. The parts add up to the {word}."
     )
 
 
@@ -254,9 +308,14 @@ def _fmt(v: float | None, digits: int = 3) -> str | None:
     return None if v is None else f"{v:.{digits}f}"
 
 
-def _render(run: str, iteration: int, mode: str, cluster: str | None, pred: Prediction, table: pl.DataFrame) -> None:
+def _render(
+    run: str, iteration: int, mode: str, cluster: str | None, pred: Prediction, table: pl.DataFrame, what_if: bool
+) -> None:
+    """The component table; a what-if (``what_if.is_what_if``) says "change" against the traced run
+    where a prediction of the traced machine says "error"."""
     import polars as pl
 
+    word = "change" if what_if else "error"
     rows = [
         [
             r["rank"],
@@ -274,16 +333,16 @@ def _render(run: str, iteration: int, mode: str, cluster: str | None, pred: Pred
     if cluster and mode == "predicted":
         title += f" with cluster {cluster}"
     title += f", {pred.replay} replay"
-    header = ["rank", "component", "measured ms", "predicted ms", "error %", "model-covered"]
-    render_rows(title, [*header, "dependency error %", "unexplained %"], rows)
-    _render_slack(pred, table)
+    header = ["rank", "component", "measured ms", "predicted ms", f"{word} %", "model-covered"]
+    render_rows(title, [*header, f"dependency {word} %", "unexplained %"], rows)
+    _render_slack(pred, table, word)
     it = pred.iteration_error()
     slow = it.sort("measured_ns", descending=True).row(0, named=True)
     worst = it.select(pl.col("error_pct").abs().max()).item()
     stdout.print(
         f"iteration (slowest rank {slow['rank']}): measured {slow['measured_ns'] / 1e6:.3f} ms, "
-        f"predicted {slow['predicted_ns'] / 1e6:.3f} ms, error {slow['error_pct']:+.2f} %; "
-        f"largest rank error {worst:.2f} %"
+        f"predicted {slow['predicted_ns'] / 1e6:.3f} ms, {word} {slow['error_pct']:+.2f} %; "
+        f"largest rank {word} {worst:.2f} %"
     )
     stdout.print(
         f"operator time predicted by a model: {100 * pred.coverage['all']:.1f} % (the rest kept its measured "
@@ -300,7 +359,7 @@ def _float(value: object) -> float | None:
     return value if isinstance(value, float) else None
 
 
-def _render_slack(pred: Prediction, table: pl.DataFrame) -> None:
+def _render_slack(pred: Prediction, table: pl.DataFrame, word: str = "error") -> None:
     """Per rank: the dependency replay's error and where the unexplained time lands."""
     import polars as pl
 
@@ -311,14 +370,14 @@ def _render_slack(pred: Prediction, table: pl.DataFrame) -> None:
     where = landing(fitted.unexplained) if fitted is not None else None
     if pred.replay == "fitted":
         stdout.print(
-            "fitted replay: a delay the dependencies cannot explain is kept as a fixed lag (the measured replay "
-            "is exact); dependency replay: only dependencies and nominal lags; unexplained: the fixed lags on "
-            "the rank's critical path, % of its iteration"
+            "fitted replay: a delay the dependencies cannot explain is kept as a fixed lag; dependency replay: "
+            "only dependencies and nominal lags; unexplained: the fixed lags on the rank's critical path, % of "
+            "its iteration"
         )
     else:
         stdout.print("dependency replay: only dependencies and nominal lags (the fitted replay's fixed slack left out)")
     for r in it.head(SLACK_RANKS_SHOWN).iter_rows(named=True):
-        line = f"rank {r['rank']}: dependency replay error {_fmt(r['dependency_error_pct'], 2)} %"
+        line = f"rank {r['rank']}: dependency replay {word} {_fmt(r['dependency_error_pct'], 2)} %"
         if r["unexplained_pct"] is not None:
             line += f", unexplained {r['unexplained_pct']:.2f} % of the iteration"
             span = r["predicted_ms"] * 1e6 if pred.replay == "fitted" else None
@@ -332,7 +391,7 @@ def _render_slack(pred: Prediction, table: pl.DataFrame) -> None:
     if it.height > SLACK_RANKS_SHOWN:
         rest = it.slice(SLACK_RANKS_SHOWN)
         stdout.print(
-            f"{rest.height} more ranks: dependency replay error up to "
+            f"{rest.height} more ranks: dependency replay {word} up to "
             f"{_fmt(_float(rest['dependency_error_pct'].abs().max()), 2)} %, unexplained up to "
             f"{_fmt(_float(rest['unexplained_pct'].max()), 2)} %",
             highlight=False,

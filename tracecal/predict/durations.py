@@ -39,7 +39,8 @@ class DurationModel(Protocol):
 @dataclass(frozen=True)
 class Durations:
     """One duration per graph node (int64 ns) and where it came from (``measured``, ``model``,
-    ``scale``); ``mode`` is the replay mode they make."""
+    ``scale``, or ``ratio``: no model on the target cluster, the measured duration times the
+    clusters' throughput ratio, see ``what_if``); ``mode`` is the replay mode they make."""
 
     dur_ns: np.ndarray
     source: np.ndarray
@@ -138,8 +139,10 @@ def call_direction_expr(rows: pl.DataFrame) -> pl.Expr:
     )
 
 
-def predicted(graph: ReplayGraph, model: DurationModel) -> Durations:
-    """Durations from calibrated models; rows the model leaves NaN keep their measured duration.
+def predicted(graph: ReplayGraph, model: DurationModel, fallback: Mapping[str, float] | None = None) -> Durations:
+    """Durations from calibrated models; rows the model leaves NaN keep their measured duration, or,
+    when ``fallback`` has a factor for their family (a cross-cluster ratio, ``what_if``), take the
+    measured duration times it (source ``ratio``).
 
     Raises:
         PredictionError: the model returned a different number of rows, or negative durations.
@@ -161,6 +164,12 @@ def predicted(graph: ReplayGraph, model: DurationModel) -> Durations:
     source = base.source.copy()
     dur[idx[ok]] = np.rint(values[ok]).astype(np.int64)
     source[idx[ok]] = "model"
+    if fallback:
+        family = rows["family"].fill_null("other").to_list()
+        factor = np.array([fallback.get(f, math.nan) for f in family], dtype=float)
+        use = ~ok & np.isfinite(factor)
+        dur[idx[use]] = np.rint(base.dur_ns[idx[use]] * factor[use]).astype(np.int64)
+        source[idx[use]] = "ratio"
     return Durations(dur, source, "predicted")
 
 
@@ -197,6 +206,15 @@ def split_per_operator(rows: pl.DataFrame, values: np.ndarray) -> np.ndarray:
     out = values.copy()
     out[shared["_row"].to_numpy()] = shared["_share"].to_numpy()
     return out
+
+
+def measured_share(graph: ReplayGraph, durations: Durations) -> float:
+    """Share (0–1) of the measured time of ``own`` activity/collective nodes whose duration was
+    carried over as measured (neither a model nor a ratio changed it)."""
+    idx, _ = model_rows(graph)
+    measured_ns = graph.nodes["dur_ns"].to_numpy()[idx].astype(float)
+    kept = durations.source[idx] == "measured"
+    return float(measured_ns[kept].sum() / measured_ns.sum()) if measured_ns.sum() else 0.0
 
 
 def coverage(graph: ReplayGraph, durations: Durations) -> dict[str, float]:

@@ -71,6 +71,7 @@ def predict_iteration(
     scale: Mapping[str, float] | None = None,
     replay: str = "fitted",
     compare: bool = True,
+    fallback: Mapping[str, float] | None = None,
 ) -> Prediction:
     """Replay one iteration.
 
@@ -82,6 +83,8 @@ def predict_iteration(
         scale: family -> factor for ``scaled`` (also accepted with ``predicted``: applied on top).
         replay: ``fitted`` (absorbed slack kept as lags) or ``dependency`` (left out).
         compare: also replay the same durations the other way (``Prediction.other``).
+        fallback: family -> factor for operators the model leaves uncovered (``predicted`` only;
+            ``durations.predicted``).
 
     Raises:
         PredictionError: unknown mode or replay, missing model or scale, inconsistent graph.
@@ -96,7 +99,7 @@ def predict_iteration(
     if mode == "predicted":
         if model is None:
             raise PredictionError("predicted mode needs calibrated models: pass --cluster NAME")
-        dur = dmod.predicted(graph, model)
+        dur = dmod.predicted(graph, model, fallback)
         if scale:
             dur = dmod.scaled(graph, scale, base=dur)
             dur = dmod.Durations(dur.dur_ns, dur.source, "predicted")

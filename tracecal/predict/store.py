@@ -187,11 +187,12 @@ def predict_stored_run(
     replay: str = "fitted",
     compare: bool = True,
     gpus_per_node: int | None = None,
+    fallback: Mapping[str, float] | None = None,
 ) -> tuple[StoredIteration, Prediction]:
     """Load an iteration of a stored run, replay it (``replay``; with ``compare`` the other replay
     too), and (``store``) replace its stored results with both replays' rows. ``gpus_per_node``
     places the ranks on nodes of that size (a what-if on another machine): each collective's topology
-    follows.
+    follows. ``fallback``: family -> factor for operators no model covers (``durations.predicted``).
 
     Raises:
         RunNotFoundError, PredictionError: see ``load_iteration`` and ``predict_iteration``.
@@ -202,7 +203,9 @@ def predict_stored_run(
             stored,
             inputs=replace(stored.inputs, collectives=group_topology(stored.inputs.collectives, gpus_per_node)),
         )
-    prediction = predict_iteration(stored.inputs, mode=mode, model=model, scale=scale, replay=replay, compare=compare)
+    prediction = predict_iteration(
+        stored.inputs, mode=mode, model=model, scale=scale, replay=replay, compare=compare, fallback=fallback
+    )
     if store:
         store_prediction(con, run_id, prediction, cluster=cluster)
     return stored, prediction
