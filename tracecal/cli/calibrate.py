@@ -104,13 +104,25 @@ def calibrate(
         else:
             _print_in_trace(cluster, trace_table)
         if published is None and table.get_column("protocol").to_list().count("published"):
-            warn("these are published samples; pass --published DIR to show the published errors next to ours")
+            warn(_published_hint(table))
         stdout.print(
             f"stored {result.stored} models in {model_store_dir(settings.db_path)} "
             f"(`tracecal sql \"select * from models where cluster='{cluster}'\"`)"
         )
         if report is not None:
             stdout.print(f"wrote {report}")
+
+
+def _published_hint(table: pl.DataFrame) -> str:
+    """Which directories --published wants: the compute and / or the NCCL samples' (each with its <GPU>.csv)."""
+    families = set(table.filter(table["protocol"] == "published").get_column("family").to_list())
+    kinds = [k for k, present in (("compute", families - {COMM}), ("NCCL", families & {COMM})) if present]
+    where = " and ".join(f"the directory of the {k} samples" for k in kinds)
+    return (
+        "these are published GPUModeling25 samples: to show the published errors next to ours, pass "
+        f"--published DIR for {where} (the directories you imported, each holding its tuned-config file "
+        "<GPU>.csv)"
+    )
 
 
 def _published(directories: list[Path]) -> pl.DataFrame | None:

@@ -201,12 +201,14 @@ def _text(value: Any) -> str:
 
 
 def column_decimals(values: Sequence[Any]) -> int:
-    """Decimals for a column of plain numbers: enough for three significant digits of its smallest
-    non-zero magnitude, at most 6 and at least 0, the same for every value of the column."""
-    magnitudes = [abs(v) for v in values if isinstance(v, float) and v and math.isfinite(v)]
-    if not magnitudes:
-        return 2 if any(isinstance(v, float) for v in values) else 0
-    return max(0, min(6, 2 - math.floor(math.log10(min(magnitudes)))))
+    """Decimals for a column of plain numbers, the same for every value of the column: none when all
+    are whole, else at least 2 and enough for three significant digits of the smallest non-zero
+    magnitude (at most 6), so no value reads as an exponent or as 0."""
+    floats = [v for v in values if isinstance(v, float) and math.isfinite(v)]
+    if all(v == int(v) for v in floats):
+        return 0
+    smallest = min(abs(v) for v in floats if v)
+    return max(2, min(6, 2 - math.floor(math.log10(smallest))))
 
 
 def _column(spec: str | Col) -> Col:

@@ -97,7 +97,7 @@ def iterations(
         s = report.stats
         render_rows(
             "iteration time (slowest rank)",
-            ["iterations", "min ms", "max ms", "mean ms", "std ms", "(mean-min)/min"],
+            ["iterations", "min ms", "max ms", "mean ms", "std ms", "(mean-min)/min %"],
             [
                 [
                     s.get("iterations"),
@@ -105,7 +105,7 @@ def iterations(
                     _ms(s.get("max_ns")),
                     _ms(s.get("mean_ns")),
                     _ms(s.get("std_ns")),
-                    None if s.get("mean_vs_min") is None else f"{100 * s['mean_vs_min']:.1f} %",
+                    None if s.get("mean_vs_min") is None else f"{100 * s['mean_vs_min']:.4f}",
                 ]
             ],
         )

@@ -23,7 +23,7 @@ def run_query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     """Run one or more statements; return the result of the last one as an Arrow table.
 
     Raises:
-        QueryError: DuckDB rejected the SQL (the message is DuckDB's first line).
+        QueryError: DuckDB rejected the SQL (DuckDB's whole message: its hints and the position).
     """
     statements = [s for s in _split_statements(con, sql)]
     if not statements:
@@ -33,17 +33,17 @@ def run_query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
             con.execute(statement)
         return query_arrow(con, statements[-1])
     except duckdb.Error as exc:
-        first_line = str(exc).splitlines()[0]
-        if "read-only" in first_line.lower():
-            raise QueryError(f"{first_line} (pass --write to allow changes)") from exc
-        raise QueryError(first_line) from exc
+        message = str(exc).rstrip()  # all of it: the candidate bindings, the LINE 1: ... ^ pointer
+        if "read-only" in message.lower():
+            raise QueryError(f"{message} (pass --write to allow changes)") from exc
+        raise QueryError(message) from exc
 
 
 def _split_statements(con: duckdb.DuckDBPyConnection, sql: str) -> list[str]:
     try:
         return [s.query for s in con.extract_statements(sql)]
     except duckdb.Error as exc:
-        raise QueryError(str(exc).splitlines()[0]) from exc
+        raise QueryError(str(exc).rstrip()) from exc
 
 
 def write_result(table: pa.Table, fmt: str, output: Path) -> None:
