@@ -122,8 +122,8 @@ def test_runs_at_80_columns_is_one_line_per_run_and_says_what_it_left_out(
 
 def test_one_number_style_per_column(db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Floats of one column share their decimals (no 1.733e+04 beside 9176); *_ms columns have three."""
-    code, piped, _ = invoke(["sql", "select 17330.5::double as x, 0.25::double as y_ms union all select 9176, 3", "--db",
-                             str(db)], monkeypatch)  # fmt: skip
+    query = "select 17330.5::double as x, 0.25::double as y_ms union all select 9176, 3"
+    code, piped, _ = invoke(["sql", query, "--db", str(db)], monkeypatch)
     assert code == 0
     assert "17330.50" in piped and "9176.00" in piped and "e+" not in piped
     assert "0.250" in piped and "3.000" in piped
@@ -182,7 +182,8 @@ def test_both_entry_points_print_the_same_help() -> None:
 
     def help_of(code: str) -> list[str]:
         env = {**os.environ, "COLUMNS": "100"}
-        done = subprocess.run([sys.executable, "-c", code, "--help"], capture_output=True, text=True, env=env, timeout=60)
+        argv = [sys.executable, "-c", code, "--help"]
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
         assert done.returncode == 0, done.stderr
         assert "╭" not in done.stdout  # plain click help, no rich boxes
         return [line for line in done.stdout.splitlines() if not line.startswith("Usage")]

@@ -179,13 +179,17 @@ def result_tables(prediction: Prediction) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 def slack_report(prediction: Prediction) -> pl.DataFrame:
     """Per rank and component (the rows of ``components``): ``dependency_error_pct``, the dependency
-    replay's error (NULL when it was not computed), and ``unexplained_pct``, the absorbed slack on the
-    fitted replay's critical path landing before that component's operators as a share of the rank's
-    fitted iteration (the ``iteration`` row: all of it; NULL when the fitted replay was not computed)."""
+    replay's error (NULL when it was not computed or gives the component no time), and
+    ``unexplained_pct``, the absorbed slack on the fitted replay's critical path landing before that
+    component's operators as a share of the rank's fitted iteration (the ``iteration`` row: all of
+    it; NULL when the fitted replay was not computed)."""
     _, comps = result_tables(prediction)
     keys = prediction.components.select("rank", "component")
     dep = comps.filter(pl.col("replay") == "dependency").select(
-        "rank", "component", pl.col("error_pct").alias("dependency_error_pct")
+        "rank",
+        "component",
+        # a component the dependency replay gives no time (its idle, where gaps are nominal lags) has no error
+        pl.when(pl.col("predicted_ns") > 0).then(pl.col("error_pct")).alias("dependency_error_pct"),
     )
     fit = comps.filter(pl.col("replay") == "fitted")
     span = fit.filter(pl.col("component") == "iteration").select("rank", pl.col("predicted_ns").alias("_span"))
