@@ -198,3 +198,24 @@ def test_search_needs_a_decoded_run_and_says_so(llemma_db: Path) -> None:
         app, ["search", "no_such_run", "--gpus", "16", "--mode", "measured", "--db", str(llemma_db)]
     )
     assert result.exit_code == 2 and "no run 'no_such_run'" in result.output
+
+
+def test_layer_all_reduces_without_a_message_take_the_layers_message() -> None:
+    """The 4·8·4 tail's backward records some tensor-parallel all-reduces without a message
+    (``record_param_comms`` without dims): re-laid out, every all-reduce of a layer has one, so the
+    communication model predicts it at the new group instead of keeping a two-node time."""
+    from tracecal.ingest.reconstruct import layer_blocks
+
+    run = read_decoded_run(RUNS / "GPT_20B_4_8_4_32_4")
+    log = parse_neox_log(run.log_path)
+
+    def unshaped(table: pl.DataFrame) -> int:
+        flags = np.zeros(table.height, dtype=bool)
+        for a, b in layer_blocks(table, "bwd"):
+            flags[a:b] = True
+        rows = table.filter(pl.Series(flags) & pl.col("kernel").str.contains("AllReduce"))
+        return int((~rows["inner_dims"].str.contains(r"^\[\[\d").fill_null(False)).sum())
+
+    assert unshaped(run.tables["tail"]["bwd"]) > 0
+    plan = relayout(run, log, Layout(4, 4, 8))
+    assert unshaped(plan.run.tables["tail"]["bwd"]) == 0

@@ -192,7 +192,8 @@ def relayout(run: DecodedRun, log: NeoxLog, target: Layout, *, gpus: int | None 
     want = {"head": per_stage[0], "middle": per_stage[1] if target.pp > 2 else None, "tail": per_stage[-1]}
     have = {"head": src_layers[0], "middle": src_layers[1] if src.pp > 2 else None, "tail": src_layers[-1]}
     m_src, m_new = int(src.micro_batches or 1), int(target.micro_batches or 1)
-    layer_ratio = src.tp / target.tp * (target.micro_batch_size or 1) / (src.micro_batch_size or 1)
+    token_ratio = (target.micro_batch_size or 1) / (src.micro_batch_size or 1)
+    layer_ratio = src.tp / target.tp * token_ratio
     grads = _stage_gradients(run, have)
     for pi, pos in enumerate(POSITIONS):
         if pos == "middle" and src.pp < 3:
@@ -203,14 +204,16 @@ def relayout(run: DecodedRun, log: NeoxLog, target: Layout, *, gpus: int | None 
             table = _true_gaps(run.tables[pos][name], span[pi] if span else None, per_src, per_new, iterations)
             if name in ("fwd", "bwd") and want[pos] is not None:
                 table = _with_layer_count(table, name, int(want[pos] or 0))
-            table = _reshaped(table, smap, layer_ratio if name in ("fwd", "bwd") else 1.0, name)
+            if name in ("fwd", "bwd"):
+                table = _with_layer_messages(table, name)
+            table = _reshaped(table, smap, layer_ratio if name in ("fwd", "bwd") else 1.0, name, token_ratio)
             tables[pos][name] = table
         send = best[pos].get("pp_p2p")
         if send is not None:
             span = avg.get("pp_p2p")
             # reconstruct counts a send table's occurrences per iteration (micro-batches only)
             best[pos]["pp_p2p"] = _reshaped(
-                _true_gaps(send, span[pi] if span else None, m_src, m_new, 1), smap, 1.0, "pp_p2p"
+                _true_gaps(send, span[pi] if span else None, m_src, m_new, 1), smap, 1.0, "pp_p2p", token_ratio
             )
     bucket = int(log.reduce_bucket_size or 0) or None
     for pos in POSITIONS:
@@ -257,9 +260,35 @@ def _with_layer_count(table: pl.DataFrame, name: str, target: int) -> pl.DataFra
     return pl.concat([table[:stop], *copies, table[stop:]])
 
 
-def _reshaped(table: pl.DataFrame, smap: ShapeMap, unshaped_ratio: float, name: str) -> pl.DataFrame:
+_ALL_REDUCE_KERNEL = r"(?i)nccl\w*Kernel_AllReduce"
+_SHAPED = r"^\[\[\d"
+"""Input Dims whose first tensor has dimensions."""
+
+
+def _with_layer_messages(table: pl.DataFrame, name: str) -> pl.DataFrame:
+    """All-reduces of a transformer layer whose CPU operator recorded no message (``record_param_comms``
+    without dims, a frame) take the layer's common all-reduce message, so the communication model
+    predicts them at the new group and topology instead of keeping the traced time."""
+    layer = pl.Series(_in_layers(table, name), dtype=pl.Boolean)
+    all_reduce = pl.col("kernel").str.contains(_ALL_REDUCE_KERNEL)
+    shaped = pl.col("inner_dims").str.contains(_SHAPED).fill_null(False)
+    known = table.filter(layer & all_reduce & shaped)["inner_dims"]
+    if known.len() == 0:
+        return table
+    common = known.mode().sort()[0]
+    fill = layer & all_reduce & ~shaped
+    return table.with_columns(
+        pl.when(fill).then(pl.lit("nccl:all_reduce")).otherwise(pl.col("inner_op")).alias("inner_op"),
+        pl.when(fill).then(pl.lit(common)).otherwise(pl.col("inner_dims")).alias("inner_dims"),
+    )
+
+
+def _reshaped(
+    table: pl.DataFrame, smap: ShapeMap, unshaped_ratio: float, name: str, token_ratio: float = 1.0
+) -> pl.DataFrame:
     """Every operator's dims at the target layout; durations times the work ratio (rows without a
-    shape inside a transformer layer: ``unshaped_ratio``)."""
+    shape inside a transformer layer: ``unshaped_ratio``, collectives among them ``token_ratio``:
+    a tensor-parallel message does not split)."""
     if smap.identity:
         return table
     ops, inner, outer = table["inner_op"].to_list(), table["inner_dims"].to_list(), table["outer_dims"].to_list()
@@ -276,15 +305,22 @@ def _reshaped(table: pl.DataFrame, smap: ShapeMap, unshaped_ratio: float, name: 
         work_ratio(o, a, b) if a is not None and not (o and frame.search(o)) else None
         for o, a, b in zip(ops, inner, new_inner, strict=True)
     ]
-    return table.with_columns(
-        pl.Series("inner_dims", new_inner, dtype=pl.String),
-        pl.Series("outer_dims", new_outer, dtype=pl.String),
-        (
-            pl.col("dur_us")
-            * pl.Series("_r", ratio, dtype=pl.Float64).fill_null(
-                pl.when(in_layer).then(pl.lit(unshaped_ratio)).otherwise(pl.lit(1.0))
-            )
-        ).alias("dur_us"),
+    unshaped = (
+        pl.when(pl.col("_layer") & pl.col("kernel").str.contains("(?i)nccl"))
+        .then(pl.lit(token_ratio))
+        .when(pl.col("_layer"))
+        .then(pl.lit(unshaped_ratio))
+        .otherwise(pl.lit(1.0))
+    )
+    return (
+        table.with_columns(
+            pl.Series("inner_dims", new_inner, dtype=pl.String),
+            pl.Series("outer_dims", new_outer, dtype=pl.String),
+            pl.Series("_r", ratio, dtype=pl.Float64),
+            in_layer.alias("_layer"),
+        )
+        .with_columns((pl.col("dur_us") * pl.col("_r").fill_null(unshaped)).alias("dur_us"))
+        .drop("_r", "_layer")
     )
 
 

@@ -148,9 +148,7 @@ def predict_layout(
     with scratch_database(work_dir) as scratch:
         ingest_rebuilt_run(scratch, new_id, rebuilt, job)
         # one replay: the other one (``compare``) adds nothing a layout comparison reads
-        _, pred = predict_stored_run(
-            scratch, new_id, mode=mode, model=model, store=False, replay=replay, compare=False
-        )
+        _, pred = predict_stored_run(scratch, new_id, mode=mode, model=model, store=False, replay=replay, compare=False)
     return summarise(run_id, plan, pred, rebuilt.notes)
 
 
