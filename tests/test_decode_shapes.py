@@ -220,3 +220,45 @@ def test_every_family_entry_point_gives_the_rule_on_both_kernel_paths(
     assert shapes.with_family(frame)["family"].to_list() == expected
     assert frame.select(family_expr())["family"].to_list() == expected
     assert [family_of(*t) for t in triples] == expected
+
+
+def test_elementwise_bytes_count_each_tensor_at_its_own_dtype() -> None:
+    x, n = [64, 128], 64 * 128
+    bf16, fp32 = "c10::BFloat16", "float"
+    io = lambda name, dims, types: shape_row(name, dims, types)["io_bytes"]  # noqa: E731
+    # copy_ writes its destination without reading it: a cast is neither copy of its two dtypes
+    assert io("aten::copy_", [x, x, []], [bf16, fp32, "Scalar"]) == n * (4 + 2)
+    assert io("aten::copy_", [x, x, []], [fp32, bf16, "Scalar"]) == n * (2 + 4)
+    assert io("aten::copy_", [x, x, []], [bf16, bf16, "Scalar"]) == n * (2 + 2)
+    # out of place: the output takes torch's promoted dtype; in place: self's own
+    assert io("aten::add", [x, [128], []], [bf16, fp32, "Scalar"]) == n * 2 + 128 * 4 + n * 4
+    assert io("aten::add_", [x, x, []], [bf16, fp32, "Scalar"]) == n * 2 + n * 4 + n * 2
+    assert io("aten::mul", [x, x], ["c10::Half", bf16]) == n * (2 + 2 + 4)  # half with bf16 gives float32
+    assert io("aten::gt", [x, x], [fp32, fp32]) == n * (4 + 4 + 1)  # a comparison writes bool
+    # a gather reads its index and the rows it names, with or without an out= tensor
+    gather = [[1000, 128], [], [64, 128], []]
+    assert io("aten::gather", gather, [fp32, "Scalar", "long int", "Scalar"]) == n * (8 + 2 * 4)
+    assert io("aten::gather", [*gather, [64, 128]], [fp32, "Scalar", "long int", "Scalar", fp32]) == n * (8 + 2 * 4)
+    # same-dtype ops are as before: every input read, the output written
+    assert io("aten::add", [x, x, []], [fp32, fp32, "Scalar"]) == 3 * n * 4
+
+
+def test_a_tensor_list_takes_the_element_size_its_kernel_names() -> None:
+    cat = (
+        "void at::native::(anonymous namespace)::CatArrayBatchedCopy_vectorized<at::native::(anonymous "
+        "namespace)::OpaqueType<2u>, unsigned int, 3, 128, 1, 16, 16>"
+    )
+    frame = pl.DataFrame(
+        {
+            "cpu_op_name": ["aten::cat", "aten::cat"],
+            "name": [cat, "some_kernel"],
+            "kind": ["kernel", "kernel"],
+            "input_dims": ["[[[8,16],[8,16]],[]]"] * 2,
+            "input_types": ['["TensorList","Scalar"]'] * 2,
+            "cpu_concrete_inputs": ['["","-1"]'] * 2,
+        }
+    )
+    table = shapes.family_shape_table(frame).sort("name")
+    assert table["io_bytes"].to_list() == [None, 2 * 2 * 8 * 16 * 2]  # read and written, 2 bytes each
+    assert table["dtype"].to_list() == [None, None]  # 2 bytes: bf16 or fp16, not guessed
+    assert shapes.kernel_element_bytes(cat) == 2 and shapes.kernel_element_bytes("ampere_sgemm") is None

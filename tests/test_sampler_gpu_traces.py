@@ -18,12 +18,14 @@ from tests.conftest import SHARED_DATA
 from tracecal.calibrate.in_trace import traced_rows
 from tracecal.calibrate.routing import op_kind
 from tracecal.cli.main import app
-from tracecal.decode.shapes import shape_row
+from tracecal.decode.shapes import kernel_element_bytes, shape_row
 from tracecal.samplers import cases
 from tracecal.samplers.compute import ComputeSettings, sample_compute
 from tracecal.samplers.from_run import map_call, run_points
 from tracecal.samplers.plan import compute_plan
+from tracecal.schema import SHAPE_COLUMNS
 from tracecal.sql.connection import open_database
+from tracecal.sql.samples import read_samples
 
 H200 = SHARED_DATA / "gpu" / "h200"
 RUNS = ("gpt_h2048_l8_bf16", "demo_tiny")
@@ -83,6 +85,40 @@ def test_traced_dtypes_and_casts_come_from_the_trace(con: duckdb.DuckDBPyConnect
     assert cat.dtype == "bfloat16"  # a TensorList: its kernel moved 2-byte elements in a bf16 run
     bias = [p for p in plan.points if p.op == "aten::add" and p.dim("broadcast")]
     assert any(p.dim("tokens") == 1 and p.dim("other_dtype") == "float32" for p in bias)  # fp32 bias on bf16
+
+
+def test_traced_casts_and_their_samples_have_the_same_features_and_differ_from_copies(
+    con: duckdb.DuckDBPyConnection,
+) -> None:
+    """Every element-wise call of the bf16 H200 trace that a sampler re-runs gets, as a sample, the
+    very shape columns its operator row has (io_bytes included): a cast counts each tensor at its
+    own dtype, a cat the element size its kernel names; so a cast is not a same-dtype copy."""
+    traced = con.execute(
+        "SELECT DISTINCT o.cpu_op_name, o.input_dims, o.input_types, e.concrete_inputs, o.name, "
+        f"{', '.join(c.name for c in SHAPE_COLUMNS)} FROM operators o JOIN events e ON e.run_id = o.run_id "
+        "AND e.event_id = o.cpu_op_event_id WHERE o.run_id = 'gpt_h2048_l8_bf16' AND o.family = 'elementwise' "
+        "AND o.kind = 'kernel'"
+    ).fetchall()
+    compared: dict[str, set[tuple[str, ...]]] = {}
+    for name, dims, types, concrete, kernel, *columns in traced:
+        size = kernel_element_bytes(kernel)
+        list_dtype = {2: "bfloat16", 4: "float32"}.get(size) if size else None
+        point = map_call(
+            name, orjson.loads(dims), orjson.loads(types), None, list_dtype, concrete=orjson.loads(concrete)
+        )
+        if isinstance(point, str) or point.direction == "bwd":  # a bwd sample has its forward's columns
+            continue
+        row = dict(zip([c.name for c in SHAPE_COLUMNS], columns, strict=True))
+        row["dtype"] = row["dtype"] or list_dtype  # a TensorList's dtype: the sample's, as above
+        assert cases.shape_columns(point) == row, (name, dims, types)
+        compared.setdefault(name, set()).add(tuple(orjson.loads(types)))
+    assert {"aten::copy_", "aten::add", "aten::add_", "aten::cat", "aten::sum", "aten::fill_"} <= set(compared)
+    # both directions of the autocast casts were compared; a cast and a same-dtype copy of one shape differ
+    assert {("c10::BFloat16", "float", "Scalar"), ("float", "c10::BFloat16", "Scalar")} <= compared["aten::copy_"]
+    x = [4, 1024, 2048]
+    cast, copy = (shape_row("aten::copy_", [x, x, []], [t, src, "Scalar"]) for t, src in
+                  (("c10::BFloat16", "float"), ("c10::BFloat16", "c10::BFloat16")))  # fmt: skip
+    assert (cast["io_bytes"], copy["io_bytes"]) == (6 * 4 * 1024 * 2048, 4 * 4 * 1024 * 2048)
 
 
 def test_from_run_samples_the_neighbourhood_unless_exact(con: duckdb.DuckDBPyConnection) -> None:
@@ -183,3 +219,29 @@ def test_variant_dimensions_are_checked_and_left_out_at_their_default() -> None:
                      (("tokens", 4), ("hidden", 8), ("src_dtype", "float32")))  # fmt: skip
     dims, types, _ = cases.trace_record(cast)
     assert types[:2] == ["c10::BFloat16", "float"] and orjson.dumps(dims)
+
+
+def test_imported_samples_take_the_shape_columns_this_decoder_gives_their_trace_record(tmp_path: Path) -> None:
+    """The shared samples were exported before copy_ counted each tensor at its own dtype: importing
+    them re-derives their shape columns from the trace record in params_json; ids stay."""
+    import polars as pl
+
+    shared = H200 / "samples" / "h200_samples.parquet"
+    db = tmp_path / "import.duckdb"
+    result = CliRunner().invoke(
+        app, ["samples", "import", str(shared), "--cluster", "h200", "--format", "parquet", "--db", str(db)]
+    )
+    assert result.exit_code == 0, result.output
+    before = pl.read_parquet(shared).sort("sample_id")
+    with open_database(db, read_only=True) as c:
+        after = read_samples(c, "h200").sort("sample_id")
+    assert after["sample_id"].to_list() == before["sample_id"].to_list()
+    copies = after.filter(pl.col("op") == "aten::copy_")
+    size = copies["dtype"].replace_strict({"bfloat16": 2, "float32": 4})
+    assert copies.height and (copies["io_bytes"] == 2 * copies["elements"] * size).all()  # read + written
+    others = [c.name for c in SHAPE_COLUMNS]
+    assert (
+        after.filter(pl.col("op") != "aten::copy_")
+        .select(others)
+        .equals(before.filter(pl.col("op") != "aten::copy_").select(others))
+    )

@@ -143,6 +143,10 @@ def _memory_bound(frame: pl.DataFrame) -> dict[str, np.ndarray]:
     out["bytes_moved"] = np.where(np.isnan(io), 2.0 * es * main, io)
     out["flops_derived"] = np.where(np.isnan(_col(frame, "flops")), main, _col(frame, "flops"))
     out["main_elements"] = main
+    # the element size of the op's (output) dtype: a cast moves the same bytes either way, but
+    # each way runs its own kernel (torch's float32 -> bfloat16 copy is vectorised, its general
+    # cast is not); NaN where the dtype is unknown
+    out["element_bytes"] = element_bytes(frame)
     return out
 
 

@@ -58,10 +58,13 @@ def import_(
                 f"into {settings.db_path}; flagged: {flags}"
             )
         else:
-            from tracecal.sql.samples import import_parquet
+            from tracecal.samplers.recorded import rederive_shape_columns
+            from tracecal.sql.samples import read_parquet_samples, write_samples
 
+            # shape columns follow this version's decoder, as re-ingested operators do
+            table = rederive_shape_columns(read_parquet_samples(path, cluster))
             with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-                written = import_parquet(con, path, cluster)
+                written = write_samples(con, table, origin=str(path))
             stdout.print(f"imported {written} samples from {path} into {settings.db_path}")
 
 

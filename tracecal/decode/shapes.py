@@ -409,9 +409,23 @@ def _io(ts: list[tuple[list[int], str | None]], out_elements: int | None, nbytes
 
 
 @lru_cache(maxsize=65536)
-def _shape_row_cached(name: str, dims: str | None, types: str | None, concrete: str | None) -> tuple[Any, ...]:
-    row = shape_row(name, dims, types, concrete)
+def _shape_row_cached(
+    name: str, dims: str | None, types: str | None, concrete: str | None, list_bytes: int | None = None
+) -> tuple[Any, ...]:
+    row = shape_row(name, dims, types, concrete, list_element_bytes=list_bytes)
     return tuple(row[c.name] for c in SHAPE_COLUMNS)
+
+
+LIST_ELEMENT_BYTES = re.compile(r"OpaqueType<(\d+)u?>")
+"""A kernel that moves a TensorList's elements as raw words names their size
+(``CatArrayBatchedCopy<OpaqueType<2u>, ...>``): the one element type a trace holds for a TensorList
+argument, whose ``Input type`` is just ``TensorList``."""
+
+
+def kernel_element_bytes(kernel_name: str | None) -> int | None:
+    """The element size a TensorList kernel names (``LIST_ELEMENT_BYTES``), else None."""
+    found = LIST_ELEMENT_BYTES.search(kernel_name) if kernel_name else None
+    return int(found.group(1)) if found else None
 
 
 def shape_row(
@@ -419,6 +433,8 @@ def shape_row(
     input_dims: str | list[Any] | None,
     input_types: str | list[Any] | None,
     concrete_inputs: str | list[Any] | None = None,
+    *,
+    list_element_bytes: int | None = None,
 ) -> dict[str, Any]:
     """The SHAPE_COLUMNS of one operator (docs/decode.md#families); NULL (None) where not derivable.
 
@@ -427,12 +443,15 @@ def shape_row(
         input_dims: Kineto ``Input Dims`` (JSON text or list), e.g. ``[[8,512],[512,1024]]``.
         input_types: Kineto ``Input type``, e.g. ``["float","float"]``.
         concrete_inputs: Kineto ``Concrete Inputs`` (used for ``is_causal``).
+        list_element_bytes: element size of TensorList arguments, which a trace records untyped: what
+            the operator's kernel name says (``kernel_element_bytes``), or the dtype a sampler used.
 
     Returns:
         ``{column: value}`` for every column of ``schema.SHAPE_COLUMNS``. GEMM: M, N, K, batch and
         flops = 2·M·N·K·batch. Attention: batch, heads, seq_q, seq_k, head_dim, causal and flops =
         4·b·h·sq·sk·d (halved when causal; ×2.5 for backward). Softmax/norm/elementwise/loss:
-        elements of the first tensor; softmax/norm also ``hidden`` = the reduced (row) length and
+        elements of the first tensor, and (elementwise) ``io_bytes`` with each tensor at its own
+        dtype (``_elementwise_io``); softmax/norm also ``hidden`` = the reduced (row) length and
         ``tokens`` = rows. Embedding: tokens, vocab, hidden. Optimizer: params, ``batch`` = tensors
         updated, ``hidden`` = most common 1-D tensor length (see ``_optimizer``).
     """
@@ -494,7 +513,8 @@ def shape_row(
         # cat / stack: the output holds every tensor of the list; each is read once and written once
         joined = sum(_prod(s) for s in argument_shapes(dims[0]))
         out["elements"] = joined
-        out["io_bytes"] = float(2 * joined * nbytes) if nbytes else None
+        size = nbytes or list_element_bytes
+        out["io_bytes"] = float(2 * joined * size) if size else None
         return out
     if fam in ("softmax", "norm", "elementwise"):
         out["elements"] = _prod(first)
@@ -522,16 +542,60 @@ _WRITE_ONLY = frozenset({"fill", "zero", "zeros", "ones", "full", "zeros_like", 
 """Element-wise-family ops that only write their (first) tensor."""
 
 
+_OVERWRITES = frozenset({"copy"})
+"""Element-wise-family ops that write their first tensor without reading it (``copy_(dst, src)``)."""
+
+_PREDICATES = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not",
+                         "logical_xor", "isnan", "isinf", "isfinite"})  # fmt: skip
+"""Element-wise-family ops whose output is bool whatever their inputs."""
+
+
 def _elementwise_io(name: str, ts: list[tuple[list[int], str | None]], nbytes: int | None) -> float | None:
-    """Bytes an element-wise op moves: its tensors read and its output written, where the output
-    has the largest (broadcast) shape, a reduction's output is negligible and a fill reads nothing."""
+    """Bytes an element-wise op moves, each tensor at its own element size, so that a cast (a
+    ``copy_`` from float32 into bfloat16) is not a same-dtype copy:
+
+    - read: every tensor argument, except the destination a ``copy_`` overwrites (a ``gather``
+      reads its index and only the elements it names, whether or not the trace records an ``out``);
+    - written: a fill's or a ``copy_``'s first tensor; an in-place op's (``add_``) first tensor, at
+      its own dtype; an out-of-place op's largest (broadcast) shape, at the dtype torch's type
+      promotion gives its tensors (bool for a comparison); nothing worth counting for a reduction.
+
+    A tensor whose type the trace did not record counts at the first recorded one (``nbytes``);
+    None when no tensor has one."""
     if nbytes is None:
         return None
-    op = name.split("::")[-1].rstrip("_")
-    largest = max(_prod(s) for s, _ in ts)
-    if op in _WRITE_ONLY:
-        return float(largest * nbytes)
-    return _io(ts, 0 if op in _REDUCTIONS else largest, nbytes)
+    op = name.split("::")[-1]
+    base = op.rstrip("_")
+    sized = [(_prod(s), DTYPE_BYTES.get(t, nbytes) if t else nbytes) for s, t in ts]
+    first = sized[0][0] * sized[0][1]
+    largest = max(n for n, _ in sized)
+    if base in _WRITE_ONLY:
+        return float(largest * sized[0][1])
+    if base in _OVERWRITES:
+        return float(first + sum(n * size for n, size in sized[1:]))
+    if base == "gather" and len(sized) >= 2:  # reads its index and the elements it names, writes those
+        (index, index_size), value_size = sized[1], sized[0][1]
+        return float(index * (index_size + 2 * value_size))
+    read = sum(n * size for n, size in sized)
+    if base in _REDUCTIONS:
+        return float(read)
+    if op.endswith("_"):
+        return float(read + first)
+    out = DTYPE_BYTES["bool"] if base in _PREDICATES else promoted_bytes([t for _, t in ts]) or nbytes
+    return float(read + largest * out)
+
+
+def promoted_bytes(dtypes: Sequence[str | None]) -> int | None:
+    """Element size of the dtype torch's type promotion gives tensors of ``dtypes`` (normalised
+    names): floating types win over integers and bool, the widest wins, and float16 with bfloat16
+    gives float32. None when no dtype is known."""
+    known = {d for d in dtypes if d in DTYPE_BYTES}
+    if not known:
+        return None
+    floats = {d for d in known if d.startswith(("float", "bfloat"))}
+    if {"float16", "bfloat16"} <= floats and not floats & {"float32", "float64"}:
+        return DTYPE_BYTES["float32"]
+    return max(DTYPE_BYTES[d] for d in (floats or known))
 
 
 _SOFTMAX_DIM_ARG = {"_softmax": 1, "softmax": 1, "_log_softmax": 1, "log_softmax": 1,
@@ -603,7 +667,13 @@ def family_shape_table(
     # ``to_list`` per column is cheaper than ``iter_rows``)
     ops, kernels, kinds, dims, types, concrete = (s.to_list() for s in distinct.get_columns())
     families = _families(list(zip(ops, kernels, kinds, strict=True)))
-    rows = [_shape_row_cached(op or "", *rest) for op, *rest in zip(ops, dims, types, concrete, strict=True)]
+    # a TensorList's element size is in its kernel's name (only asked where a TensorList is)
+    list_bytes = [
+        kernel_element_bytes(k) if t and "TensorList" in t else None for k, t in zip(kernels, types, strict=True)
+    ]
+    rows = [
+        _shape_row_cached(op or "", *rest) for op, *rest in zip(ops, dims, types, concrete, list_bytes, strict=True)
+    ]
     values = list(zip(*rows, strict=True)) if rows else [()] * len(_SHAPE_SCHEMA)
     # not strict, as the row constructor was not (an int in a float column, a float in an int one)
     feats = [pl.Series(c, v, dtype=t, strict=False) for (c, t), v in zip(_SHAPE_SCHEMA.items(), values, strict=True)]

@@ -580,8 +580,9 @@ def shape_columns(point: GridPoint) -> dict[str, Any]:
         SampleError: unknown op, bad dimensions, or a dtype outside ``DTYPE_NAMES``.
     """
     dims, types, concrete = trace_record(point)
-    cols = shape_row(point.op, dims, types, concrete)
-    # A TensorList argument (optimizer) has no element type in a trace; the sampler knows it.
+    # A TensorList argument (cat, optimizer) has no element type in a trace; the sampler knows it,
+    # as a traced operator's kernel name does (decode.shapes.kernel_element_bytes).
+    cols = shape_row(point.op, dims, types, concrete, list_element_bytes=DTYPE_BYTES.get(point.dtype))
     cols["dtype"] = cols["dtype"] or point.dtype
     return cols
 
