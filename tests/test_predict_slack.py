@@ -141,7 +141,7 @@ def busy_stream_at_start(*, carry_in: bool) -> ReplayInputs:
             "rank": [0] * 4,
             "event_id": [10, 11, 12, 13],
             "kind": ["kernel", "memcpy", "kernel", "kernel"],
-            "name": ["k1", "Memcpy DtoH", "k2", "k3"],
+            "name": ["k1", "Memcpy DtoH (Device -> Pageable)", "k2", "k3"],
             "ts_ns": [50, 90, 120, 150],
             "dur_ns": [40, 10, 10, 10],
             "stream": [7] * 4,
@@ -191,7 +191,7 @@ def test_a_stream_busy_before_the_iteration_holds_its_first_kernel_back() -> Non
 def test_a_call_that_returns_after_its_own_copy_waits_for_it_once() -> None:
     g = build_graph(busy_stream_at_start(carry_in=True))
     call = g.nodes.filter(pl.col("name") == "cudaMemcpyAsync")["node"].item()
-    copy = _node(g, 0, "Memcpy DtoH")
+    copy = _node(g, 0, "Memcpy DtoH (Device -> Pageable)")
     assert g.nodes["duration_role"][call] == "sync"
     sync = np.flatnonzero((g.edge_kind == EDGE_KINDS.index("sync")) & (g.dst == 2 * call + 1))
     assert g.src[sync].tolist() == [2 * copy + 1] and g.lag[sync].tolist() == [5]

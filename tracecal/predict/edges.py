@@ -28,6 +28,10 @@ BLOCKING_CALL = re.compile(
 )
 """Runtime calls that block the CPU until earlier GPU work finishes (their end waits for it)."""
 
+SYNC_COPY = re.compile(r"DtoH.*Pageable")
+"""GPU activities whose launching call returns only once they are done: copies to pageable host
+memory (``Memcpy DtoH (Device -> Pageable)`` in Kineto and Nsight traces)."""
+
 STREAM_WAIT = re.compile(r"StreamWaitEvent")
 """Runtime calls that make a stream wait for work recorded on another stream."""
 
@@ -352,14 +356,19 @@ def _sync_edges(b: EdgeBuilder, nodes: pl.DataFrame) -> None:
     waited for nothing, or for one stream while another was still busy). Its own duration becomes
     the return latency, so the wait counts once: a shorter or longer awaited activity moves its end.
 
-    Blocking calls are those named so (``BLOCKING_CALL``) and any call that returned only after the
-    activity it launched had finished (a copy to pageable host memory, ``.item()``): whatever its
-    name, it waited for its own work."""
+    Blocking calls are those named so (``BLOCKING_CALL``) and any call whose launched copy to pageable
+    host memory (``SYNC_COPY``: ``.item()``, ``.cpu()``) finished before it returned: such a copy is
+    synchronous whatever the call's name. (A fast kernel or memset that ends before its launch call
+    returns is no wait.)"""
     launched = _launched(b, nodes)
     if launched is None:
         return
     rt_nodes, act_nodes = b.launch_pairs  # type: ignore[misc]
-    waited_for_own = np.unique(rt_nodes[b.end[act_nodes] <= b.end[rt_nodes]])
+    names = nodes["name"].gather(act_nodes)
+    distinct = names.unique()
+    copies = names.is_in(distinct.filter(distinct.str.contains(SYNC_COPY.pattern)).implode())
+    own = copies.to_numpy() & (b.end[act_nodes] <= b.end[rt_nodes])
+    waited_for_own = np.unique(rt_nodes[own])
     blocking = (
         pl.concat(
             [
