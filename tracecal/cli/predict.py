@@ -527,7 +527,7 @@ def _published_attribution(con, results, fmt, output, figures) -> None:
         cells = published_attribution(v.prediction, members, traced_ranks(con, v.run_id), v.components)
         frames.append(as_percent(cells).join(v.components.select("run_id", "component", "published_error_pct"),
                                              on=["run_id", "component"], how="left"))  # fmt: skip
-    table = pl.concat(frames, how="diagonal_relaxed")
+    table = _ordered_parts(pl.concat(frames, how="diagonal_relaxed"))
     labelled = table.with_columns(
         pl.when(pl.col("hand_edited")).then(pl.col("component") + "*").otherwise(pl.col("component")).alias("component")
     )
@@ -547,6 +547,16 @@ def _published_attribution(con, results, fmt, output, figures) -> None:
         from tracecal.predict.figures import error_attribution
 
         stdout.print(f"figures: {error_attribution(long_form(table, ['run_id', 'component']), path)}")
+
+
+def _ordered_parts(table: pl.DataFrame) -> pl.DataFrame:
+    """Attribution columns of several runs in one order: schedule, the families by name, interaction."""
+    from tracecal.predict.attribution import percent_columns
+
+    parts = percent_columns(table)
+    families = sorted(p for p in parts if p not in ("schedule_pct", "interaction_pct"))
+    ordered = [p for p in ("schedule_pct", *families, "interaction_pct") if p in parts]
+    return table.select([c for c in table.columns if c not in parts] + ordered)
 
 
 def _attribution_markdown(table: pl.DataFrame, parts: list[str]) -> str:
@@ -585,7 +595,7 @@ def _validate_traced(con, run_ids, mode, model, cluster, factors, fmt, output, f
             [component_attribution(p).with_columns(pl.lit(r).alias("run_id")) for r, p in results],
             how="diagonal_relaxed",
         )
-        table = as_percent(run_attribution(per_rank))
+        table = _ordered_parts(as_percent(run_attribution(per_rank)))
         parts = percent_columns(table)
         if fmt == "csv":
             text = table.select(

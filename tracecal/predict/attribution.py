@@ -131,19 +131,21 @@ def family_replays(prediction: Prediction) -> FamilyReplays:
             "--attribute: every duration of this prediction is measured; attribute a predicted (--cluster) "
             "or scaled (--scale) prediction"
         )
-    measured = graph.nodes["dur_ns"].to_numpy().astype(np.int64)
-    groups = family_groups(graph)
+    return FamilyReplays(families, replay_many(graph, family_durations(prediction, families), prediction.replay))
+
+
+def family_durations(prediction: Prediction, families: Sequence[str]) -> np.ndarray:
+    """The (nodes × replays) durations of ``family_replays``: every duration measured, then one column
+    per family with that family's durations taken from ``prediction``."""
+    measured = prediction.graph.nodes["dur_ns"].to_numpy().astype(np.int64)
+    groups = family_groups(prediction.graph)
     columns = [measured]
     for fam in families:
         dur = measured.copy()
         hit = groups == fam
         dur[hit] = prediction.durations.dur_ns[hit]
         columns.append(dur)
-    return FamilyReplays(families, replay_many(graph, np.column_stack(columns), prediction.replay))
-
-
-def _parts(families: Sequence[str]) -> list[str]:
-    return [SCHEDULE, *families, INTERACTION]
+    return np.column_stack(columns)
 
 
 def _split(frame: pl.DataFrame, keys: list[str], families: Sequence[str]) -> pl.DataFrame:
