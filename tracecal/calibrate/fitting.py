@@ -2,7 +2,8 @@
 
 A model group is a family × direction × source op, and for collectives × topology (nodes × GPUs per
 node): the unit the published system tuned, so its hold-out errors compare one to one. For every
-group: exclude quality-flagged samples (counted), say "too few samples" below ``MIN_SAMPLES``, split
+group: exclude quality-flagged samples and those another timing method supersedes (``sample_timing``;
+both counted), say "too few samples" below ``MIN_SAMPLES``, split
 (published or own protocol, ``validation``), choose a model by k-fold CV on the training rows
 (``selection``), score it once on the hold-out rows, measure the noise level of collective sweeps, and
 refit the chosen configuration on every usable row for prediction.
@@ -30,6 +31,7 @@ from tracecal.calibrate.features import (
     physics_columns,
     usable_features,
 )
+from tracecal.calibrate.sample_timing import SUPERSEDED, fitted_timing, mark_superseded
 from tracecal.calibrate.selection import CANDIDATES, COMM_CANDIDATES, select_model
 from tracecal.calibrate.validation import (
     CONSISTENT_NOISE_PCT,
@@ -42,7 +44,7 @@ from tracecal.schema import COMM_COLUMNS, SHAPE_COLUMNS
 
 TRAINING_COLUMNS = (
     "sample_id", "family", "op", "direction", "collective",
-    *(c.name for c in SHAPE_COLUMNS), *(c.name for c in COMM_COLUMNS), "median_ns",
+    *(c.name for c in SHAPE_COLUMNS), *(c.name for c in COMM_COLUMNS), "median_ns", "timing",
 )  # fmt: skip
 """The sample columns a stored model keeps as its training data (for refit-on-load and routing)."""
 
@@ -80,6 +82,8 @@ class GroupResult:
     n_train: int = 0
     n_test: int = 0
     n_excluded: int = 0
+    n_superseded: int = 0
+    timing: str | None = None
     protocol: str | None = None
     metrics: dict[str, Any] = field(default_factory=dict)
     cv_mape: float | None = None
@@ -137,6 +141,8 @@ def model_groups(samples: pl.DataFrame, family: str | None = None) -> list[tuple
     sampled = frame.filter(pl.col("_op") == ALL_OPS)
     if sampled.height:
         usable = pl.col("quality_flag").is_null() & (pl.col("median_ns") > 0)
+        if SUPERSEDED in sampled.columns:
+            usable = usable & ~pl.col(SUPERSEDED)
         counts = sampled.filter(usable).group_by("family", "direction", "op").len()
         for fam, direction, op, n in counts.iter_rows():
             total = sampled.filter((pl.col("family") == fam) & (pl.col("direction") == direction)).height
@@ -174,9 +180,18 @@ def fit_group(
     """Validate and fit one group. Never raises for data reasons: the status says what happened."""
     durations = rows.get_column("median_ns").cast(pl.Float64).fill_null(np.nan).to_numpy()
     flagged = rows.get_column("quality_flag").is_not_null().to_numpy() if "quality_flag" in rows.columns else 0
-    usable = ~np.asarray(flagged, dtype=bool) & np.isfinite(durations) & (durations > 0)
-    excluded = int((~usable).sum())
-    result = GroupResult(key=key, status="ok", n_excluded=excluded, published_mape=published_mape)
+    superseded = rows.get_column(SUPERSEDED).to_numpy() if SUPERSEDED in rows.columns else np.zeros(rows.height)
+    superseded = np.asarray(superseded, dtype=bool)
+    valid = ~np.asarray(flagged, dtype=bool) & np.isfinite(durations) & (durations > 0)
+    usable = valid & ~superseded
+    result = GroupResult(
+        key=key,
+        status="ok",
+        n_excluded=int((~valid).sum()),
+        n_superseded=int((valid & superseded).sum()),
+        timing=fitted_timing(rows.filter(pl.Series(usable))),
+        published_mape=published_mape,
+    )
     n_usable = int(usable.sum())
     if n_usable < MIN_SAMPLES:
         result.status = f"too few samples: {n_usable} usable (need {MIN_SAMPLES})"
@@ -241,7 +256,9 @@ def calibrate_samples(
     do not depend on ``n_jobs`` (up to the last digits of a floating-point sum).
 
     Args:
-        samples: the cluster's samples, flagged ones included (they are counted as excluded).
+        samples: the cluster's samples, flagged ones included (they are counted as excluded), every
+            timing method included (call-timed ones an op has kernel-timed samples enough to replace
+            are counted as superseded: ``sample_timing``).
         cluster: the cluster name (part of imported samples' ids, for the published split).
         published: ``published_errors`` rows (op, direction, topology, published_mape_pct) to show
             next to ours; None when the samples are not the published ones.
@@ -255,7 +272,7 @@ def calibrate_samples(
         One ``GroupResult`` per group, sorted by family, op, topology, direction.
     """
     lookup = published_lookup(published)
-    groups = model_groups(samples, family)
+    groups = model_groups(mark_superseded(samples), family)
     if n_jobs <= 1 or len(groups) <= 1:
         results = []
         for index, (key, rows) in enumerate(groups):
@@ -317,7 +334,7 @@ REPORT_SCHEMA = {
     "op": pl.Utf8, "direction": pl.Utf8, "family": pl.Utf8, "topology": pl.Utf8, "model": pl.Utf8,
     "n_train": pl.Int64, "n_test": pl.Int64, "excluded": pl.Int64, "mape": pl.Float64, "p50_ape": pl.Float64,
     "p90_ape": pl.Float64, "max_ape": pl.Float64, "cv_mape": pl.Float64, "published_mape": pl.Float64,
-    "noise_ape": pl.Float64, "protocol": pl.Utf8, "status": pl.Utf8,
+    "noise_ape": pl.Float64, "protocol": pl.Utf8, "status": pl.Utf8, "timing": pl.Utf8, "superseded": pl.Int64,
 }  # fmt: skip
 """Columns of the hold-out report (``--report`` CSV): errors in %, ``published_mape`` empty when unknown."""
 
@@ -345,6 +362,8 @@ def report_frame(results: list[GroupResult]) -> pl.DataFrame:
                 "noise_ape": r.noise_ape,
                 "protocol": r.protocol,
                 "status": r.status,
+                "timing": r.timing,
+                "superseded": r.n_superseded,
             }
         )
     return pl.DataFrame(rows, schema=REPORT_SCHEMA)

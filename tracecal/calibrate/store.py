@@ -113,6 +113,8 @@ def _write_artifact(directory: Path, cluster: str, result: GroupResult, created_
         "n_training": result.training.height,
         "metrics": {**result.metrics, "cv_mape": result.cv_mape, "noise_ape": result.noise_ape},
         "status": result.status,
+        "timing": result.timing,  # the methods its training samples were timed by (sample_timing)
+        "superseded": result.n_superseded,
         "versions": library_versions(),
         "created_at": created_at.isoformat(),
         "check": {

@@ -80,6 +80,7 @@ def calibrate(
             table.select(
                 "op", "direction", "model", "n_train", "n_test", "excluded", "mape", "p90_ape", "published_mape",
                 "p50_ape", "max_ape", "cv_mape", "noise_ape", "family", "topology", "protocol", "status",
+                "timing", "superseded",
             ).write_csv(report)  # fmt: skip
         if as_json:
             stdout.print_json(
@@ -96,6 +97,9 @@ def calibrate(
             )
             return
         _print_holdout(cluster, table, published_comparison(table))
+        timing = _timing_line(table)
+        if timing:
+            stdout.print(timing)
         if trace_table is None:
             stdout.print(
                 f"in-trace validation: no ingested run has cluster {cluster!r} "
@@ -111,6 +115,19 @@ def calibrate(
         )
         if report is not None:
             stdout.print(f"wrote {report}")
+
+
+def _timing_line(table: pl.DataFrame) -> str | None:
+    """How the fitted models' samples were timed, and how many were superseded (docs/calibration.md#timing);
+    None when no sample of the cluster records its method (imported published samples)."""
+    fitted = table.filter(table["model"].is_not_null() & table["timing"].is_not_null())
+    if fitted.height == 0:
+        return None
+    counts = fitted.group_by("timing").len().sort("len", descending=True)
+    models = ", ".join(f"{n} on {timing}" for timing, n in counts.iter_rows())
+    superseded = int(table["superseded"].sum())
+    left_out = f"; {superseded} call-timed samples superseded by kernel-timed ones of the same op" if superseded else ""
+    return f"timing: models fitted {models}{left_out}"
 
 
 def _published_hint(table: pl.DataFrame) -> str:
