@@ -103,7 +103,12 @@ def render_layout(result: LayoutPrediction, cluster: str | None) -> None:
             highlight=False,
         )
     top = result.uncovered.head(6)
-    if top.height:
+    if cluster is None:
+        stdout.print(
+            "traced durations: every operator keeps its traced duration times the work ratio of its new shape",
+            highlight=False,
+        )
+    elif top.height:
         total = float(result.uncovered["share"].sum())
         names = ", ".join(
             f"{r['name'][:48]} ({r['family']}) {100 * r['share']:.2f} %" for r in top.iter_rows(named=True)
