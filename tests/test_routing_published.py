@@ -191,6 +191,67 @@ def test_a_two_kernel_op_is_scored_once() -> None:
     assert report["norm"]["mape"] == pytest.approx(10.0) and report["norm"]["time_error"] == pytest.approx(10.0)
 
 
+def test_a_traced_collective_is_predicted_at_its_sweeps_level(tmp_path: Path) -> None:
+    """The published all-reduce sweep on 2 nodes x 4 GPUs alternates +-3 % with the size's position in
+    NCCL's 512 KiB step, and its sample at exactly a GPT-20B tensor-parallel message (100663296
+    bytes) sits in the upper mode; the training run's all-reduces of that size took less than any
+    sample around it. A traced collective is predicted at the sweep's level around its size (the
+    median of the samples within LEVEL_WINDOW, carried to its size), not at its nearest samples."""
+    from tracecal.calibrate.sweep_level import LEVEL_WINDOW
+
+    name = "NVIDIAA100-SXM4-80GB_allreduce_fp16_2_4.csv"
+    nccl = GPUMODELING25 / "samples" / "perlmutter_a100_nccl"
+    models = _calibrated(tmp_path, nccl, [name], "c")
+    sweep = pl.read_csv(nccl / name).with_columns((2 * pl.col("shape")).alias("bytes"))
+    asked = 100663296.0
+    exact = sweep.filter(pl.col("bytes") == asked)["dur(us)"].item() * 1e3
+    window = sweep.filter((pl.col("bytes") / asked - 1).abs() <= LEVEL_WINDOW)
+    level = float((window["dur(us)"] * 1e3 * asked / window["bytes"]).median())  # type: ignore[arg-type]
+    quarter = 128 * 1024  # a quarter of the 512 KiB step: the other phase of the pattern
+    rows = pl.DataFrame(
+        {
+            "family": "comm",
+            "collective": "all_reduce",
+            "size_bytes": [asked, asked + quarter, asked + 2 * quarter],
+            "group_size": 8,
+            "nodes": 2,
+            "gpus_per_node": 4,
+            "dtype": "float16",
+            "role": "tp",
+        }
+    )
+    predicted = models.predict(rows)
+    assert exact > 1.04 * level  # the sample at that size is in the upper mode
+    assert predicted[0] == pytest.approx(level, rel=0.01)
+    # the level does not follow the phase pattern: neighbouring sizes in the other mode agree
+    assert predicted[1] == pytest.approx(predicted[0], rel=0.01)
+    assert predicted[2] == pytest.approx(predicted[0], rel=0.01)
+
+
+def test_sweep_level_keeps_the_regressor_where_the_window_is_thin() -> None:
+    """Fewer than LEVEL_MIN_SAMPLES samples around a size (a sweep's end, a sparse sweep): the
+    regressor's prediction stands; inside, the median ratio to the baseline carries the level."""
+    from tracecal.calibrate.estimators import PhysicalBaseline
+    from tracecal.calibrate.sweep_level import LEVEL_MIN_SAMPLES, SweepLevel
+
+    sizes = np.linspace(1e8, 1.1e8, 11)
+    ratios = np.array([1.0, 1.2, 1.0, 1.2, 1.0, 1.2, 1.0, 1.2, 1.0, 1.2, 1.0])  # an alternating pattern
+    training = pl.DataFrame(
+        {"collective": "all_reduce", "size_bytes": sizes, "group_size": 8, "nodes": 2, "gpus_per_node": 4}
+    )
+    features = feature_frame(training, "comm")
+    baseline = PhysicalBaseline(("ring_steps", "bus_bytes")).fit(features, sizes / 1e3)
+    level = SweepLevel.of(training.with_columns(pl.Series("median_ns", baseline.predict(features) * ratios)), baseline)
+    asked = pl.DataFrame(
+        {"collective": "all_reduce", "size_bytes": [1.05e8, 1.25e8], "group_size": 8, "nodes": 2, "gpus_per_node": 4}
+    )
+    fallback = np.array([-1.0, -2.0])
+    out = level.predict(feature_frame(asked, "comm"), baseline, fallback)
+    assert LEVEL_MIN_SAMPLES <= 11
+    assert out[0] == pytest.approx(baseline.predict(feature_frame(asked, "comm"))[0] * 1.0)  # median of the 11
+    assert out[1] == -2.0  # no sample within the window of 1.25e8
+
+
 def test_a_collective_far_outside_its_sweep_stays_uncovered(tmp_path: Path) -> None:
     """Sizes more than SIZE_MARGIN below the smallest (or above the largest) timed message are not
     extrapolated: latency and protocol change with size, so the trace keeps its measured time."""

@@ -41,6 +41,7 @@ from tracecal.calibrate.estimators import PhysicalBaseline
 from tracecal.calibrate.features import COMM_FAMILY, COMM_NUMERIC, DTYPE_BYTES, SHAPE_NUMERIC, feature_frame
 from tracecal.calibrate.fitting import ALL_OPS
 from tracecal.calibrate.store import StoredModel
+from tracecal.calibrate.sweep_level import SweepLevel
 
 _FAR = 1e6  # added distance per domain feature the model trained on that a row lacks
 SIZE_MARGIN = 4.0
@@ -204,6 +205,7 @@ class CalibratedModels:
                 self._by_slot[(key.family, key.direction)].append(m)
         self._domains: dict[str, tuple[list[str], np.ndarray, np.ndarray, np.ndarray]] = {}
         self._sizes: dict[str, tuple[float, float]] = {}
+        self._levels: dict[str, SweepLevel] = {}
 
     @staticmethod
     def _collective_of(model: StoredModel) -> str | None:
@@ -237,6 +239,13 @@ class CalibratedModels:
             sizes = model.training.get_column("size_bytes").cast(pl.Float64).drop_nulls().to_numpy()
             self._sizes[key] = (float(sizes.min()), float(sizes.max())) if sizes.size else (0.0, np.inf)
         return self._sizes[key]
+
+    def sweep_level(self, model: StoredModel) -> SweepLevel:
+        """The level of a collective model's sweep (``sweep_level``; cached)."""
+        key = str(model.directory)
+        if key not in self._levels:
+            self._levels[key] = SweepLevel.of(model.training, model.model.baseline_)
+        return self._levels[key]
 
     def _distance(self, model: StoredModel, features: pl.DataFrame) -> np.ndarray:
         """Distance from each row to the nearest training sample of ``model``."""
@@ -361,7 +370,12 @@ class CalibratedModels:
             for j, model in enumerate(candidates):
                 picked = np.flatnonzero(choice == j)
                 if picked.size:
-                    out[np.asarray(rows)[picked]] = np.maximum(model.model.predict(features[picked]), floor)
+                    predicted = np.maximum(model.model.predict(features[picked]), floor)
+                    if family == COMM_FAMILY:
+                        # a traced collective at its sweep's level, not at its nearest samples
+                        level = self.sweep_level(model)
+                        predicted = level.predict(features[picked], model.model.baseline_, predicted)
+                    out[np.asarray(rows)[picked]] = predicted
             picked = np.flatnonzero(choice == UNSAMPLED)
             if picked.size and baseline is not None and self.unsampled == "baseline":
                 known = picked[np.isfinite(features.get_column("bytes_moved").to_numpy()[picked])]
