@@ -165,6 +165,7 @@ def search(
         settings = Settings.resolve(db)
         with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
             model = _model(con, settings.db_path, cluster, mode)
+            memory: float | None
             if gpu_memory_gib is not None:
                 memory, memory_source = gpu_memory_gib * 2**30, "--gpu-memory-gib"
             else:

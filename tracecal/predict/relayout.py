@@ -252,7 +252,7 @@ def _with_layer_count(table: pl.DataFrame, name: str, target: int) -> pl.DataFra
         return pl.concat([table[:cut], table[stop:]])
     last = table[start:stop]
     # a repeated layer is another occurrence of the checkpoint function: its own External ids
-    shift = int(table["outer_id"].max() or 0) + 1
+    shift = int(table["outer_id"].fill_null(0).max() or 0) + 1  # type: ignore[arg-type]
     copies = [
         last.with_columns(pl.col("outer_id") + shift * (i + 1), pl.col("inner_id") + shift * (i + 1))
         for i in range(target - len(blocks))
@@ -398,7 +398,7 @@ def _rebucketed(table: pl.DataFrame, old: list[int], total: int, bucket: int | N
     template = marked.filter(pl.col("_bucket") == 0)
     if template.height == 0:
         return table
-    at = int(template["_row"].min() or 0)
+    at = int(template["_row"].min() or 0)  # type: ignore[arg-type]
     blocks = []
     for size in new:
         text = json.dumps([size])
