@@ -10,7 +10,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
+import numpy as np
 import orjson
+import polars as pl
 import pytest
 from typer.testing import CliRunner
 
@@ -224,8 +226,6 @@ def test_variant_dimensions_are_checked_and_left_out_at_their_default() -> None:
 def test_imported_samples_take_the_shape_columns_this_decoder_gives_their_trace_record(tmp_path: Path) -> None:
     """The shared samples were exported before copy_ counted each tensor at its own dtype: importing
     them re-derives their shape columns from the trace record in params_json; ids stay."""
-    import polars as pl
-
     shared = H200 / "samples" / "h200_samples.parquet"
     db = tmp_path / "import.duckdb"
     result = CliRunner().invoke(
@@ -245,3 +245,42 @@ def test_imported_samples_take_the_shape_columns_this_decoder_gives_their_trace_
         .select(others)
         .equals(before.filter(pl.col("op") != "aten::copy_").select(others))
     )
+
+
+class _PerParameter:
+    """A whole-step optimizer model: ``NS_PER_PARAM`` per parameter of a step, nothing else covered."""
+
+    NS_PER_PARAM = 0.1
+
+    def __init__(self) -> None:
+        self.rows: list[pl.DataFrame] = []
+
+    def predict(self, frame: pl.DataFrame) -> np.ndarray:
+        self.rows.append(frame)
+        step = (frame["cpu_op_name"] == "Optimizer.step#AdamW.step").to_numpy()
+        return np.where(step, frame["params"].cast(pl.Float64).fill_null(np.nan).to_numpy() * self.NS_PER_PARAM, np.nan)
+
+
+def test_the_predicted_replay_models_an_optimizer_step_whole(h200_db: Path) -> None:
+    """As the in-trace check does: the step's kernels are handed to the model as one call of the
+    step over the rank's parameters, and share its prediction in proportion to their durations."""
+    from tracecal.predict import durations
+    from tracecal.predict.graph import build_graph
+    from tracecal.predict.store import load_iteration
+
+    with open_database(h200_db, read_only=True) as c:
+        stored = load_iteration(c, "gpt_h2048_l8_bf16")
+    graph = build_graph(stored.inputs)
+    model = _PerParameter()
+    predicted = durations.predicted(graph, model)
+    rows = model.rows[0]
+    step = rows.filter(pl.col("cpu_op_name") == "Optimizer.step#AdamW.step")
+    assert step.height > 100 and step["cpu_op_event_id"].n_unique() == 1  # every kernel of the one step
+    assert set(step["params"].to_list()) == {536039424} and set(step["batch"].to_list()) == {101}
+    assert set(step["family"].to_list()) == {"optimizer"}
+    idx, _ = durations.model_rows(graph)
+    in_step = np.isin(graph.nodes["event_id"].to_numpy()[idx], step["event_id"].to_numpy())
+    assert (predicted.source[idx][in_step] == "model").all()
+    whole = 536039424 * _PerParameter.NS_PER_PARAM
+    assert abs(predicted.dur_ns[idx][in_step].sum() - whole) <= in_step.sum()  # rounding per kernel
+    assert durations.coverage(graph, predicted)["optimizer"] > 0.99

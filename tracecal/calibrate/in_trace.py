@@ -68,37 +68,59 @@ def traced_rows(con: duckdb.DuckDBPyConnection, cluster: str) -> pl.DataFrame:
     return pl.concat([per_operator(ops), comms], how="diagonal_relaxed")
 
 
-def optimizer_steps(rows: pl.DataFrame, parameters: dict[str, dict[int, StepParameters]]) -> pl.DataFrame:
-    """The operators inside an ``Optimizer.step#<Class>.step`` annotation as one operator, the step,
-    as the sampler times it (``samplers.cases``: a whole step over the parameters): every kernel
-    of the step is keyed by the annotation (``cpu_op_event_id``), named by it, of family
-    ``optimizer``, with the rank's parameters (``decode.parameters``) as its shape: ``params``,
-    ``batch`` = tensors, ``elements``, ``dtype``. Rows outside a step are returned as they are."""
-    if "optimizer_step" not in rows.columns or rows.get_column("optimizer_step").is_null().all():
-        return rows
-    shapes = pl.DataFrame(
+STEP_COLUMNS = ("optimizer_step_id", "optimizer_step", "step_params", "step_tensors", "step_dtype")
+"""Columns that place an operator in an optimizer step: the ``Optimizer.step#<Class>.step``
+annotation around its CPU operator (event id and name; NULL outside a step) and the parameters the
+rank's step updates (``decode.parameters``)."""
+
+
+def step_parameter_frame(parameters: dict[str, dict[int, StepParameters]], rank_type: pl.DataType) -> pl.DataFrame:
+    """``parameters`` (run_id -> rank -> the step's parameters) as rows: run_id, rank, step_params,
+    step_tensors, step_dtype."""
+    return pl.DataFrame(
         [
-            {"run_id": run_id, "rank": rank, "_params": p.params, "_tensors": p.tensors, "_dtype": p.dtype}
+            {"run_id": run_id, "rank": rank, "step_params": p.params, "step_tensors": p.tensors, "step_dtype": p.dtype}
             for run_id, ranks in parameters.items()
             for rank, p in ranks.items()
         ],
-        schema={"run_id": pl.Utf8, "rank": rows.schema["rank"], "_params": pl.Int64, "_tensors": pl.Int64,
-                "_dtype": pl.Utf8},
+        schema={"run_id": pl.Utf8, "rank": rank_type, "step_params": pl.Int64, "step_tensors": pl.Int64,
+                "step_dtype": pl.Utf8},
     )  # fmt: skip
-    step = pl.col("optimizer_step").is_not_null()
+
+
+def optimizer_steps(rows: pl.DataFrame, parameters: dict[str, dict[int, StepParameters]]) -> pl.DataFrame:
+    """``as_optimizer_steps`` of ``rows`` (with ``optimizer_step_id``/``optimizer_step``) given each
+    run's and rank's step parameters."""
+    if "optimizer_step" not in rows.columns or rows.get_column("optimizer_step").is_null().all():
+        return rows
+    shapes = step_parameter_frame(parameters, rows.schema["rank"])
     joined = rows.join(shapes, on=["run_id", "rank"], how="left", maintain_order="left")
+    return as_optimizer_steps(joined).drop("step_params", "step_tensors", "step_dtype")
+
+
+def as_optimizer_steps(rows: pl.DataFrame) -> pl.DataFrame:
+    """The operators inside an ``Optimizer.step#<Class>.step`` annotation as one operator, the step,
+    as the sampler times it (``samplers.cases``: a whole step over the parameters): every kernel
+    of the step is keyed by the annotation (``cpu_op_event_id``), named by it, of family
+    ``optimizer``, with the rank's parameters (``STEP_COLUMNS``) as its shape: ``params``,
+    ``batch`` = tensors, ``elements``, ``dtype``. Rows outside a step are returned as they are; so is
+    a frame without the step columns. The in-trace check and the predicted replay both use it."""
+    if any(c not in rows.columns for c in STEP_COLUMNS) or rows.get_column("optimizer_step").is_null().all():
+        return rows
+    step = pl.col("optimizer_step").is_not_null()
     shape_columns = [c for c in ("m", "n", "k", "heads", "seq_q", "seq_k", "head_dim", "causal", "tokens", "vocab",
                                  "hidden", "flops", "io_bytes") if c in rows.columns]  # fmt: skip
-    return joined.with_columns(
+    kept = {c: pl.col(c) if c in rows.columns else pl.lit(None) for c in ("params", "elements", "batch", "dtype")}
+    return rows.with_columns(
         pl.when(step).then(pl.col("optimizer_step_id")).otherwise(pl.col("cpu_op_event_id")).alias("cpu_op_event_id"),
         pl.when(step).then(pl.col("optimizer_step")).otherwise(pl.col("cpu_op_name")).alias("cpu_op_name"),
         pl.when(step).then(pl.lit("optimizer")).otherwise(pl.col("family")).alias("family"),
-        pl.when(step).then(pl.col("_params")).otherwise(pl.col("params")).alias("params"),
-        pl.when(step).then(pl.col("_params")).otherwise(pl.col("elements")).alias("elements"),
-        pl.when(step).then(pl.col("_tensors")).otherwise(pl.col("batch")).alias("batch"),
-        pl.when(step).then(pl.col("_dtype")).otherwise(pl.col("dtype")).alias("dtype"),
+        pl.when(step).then(pl.col("step_params")).otherwise(kept["params"]).alias("params"),
+        pl.when(step).then(pl.col("step_params")).otherwise(kept["elements"]).alias("elements"),
+        pl.when(step).then(pl.col("step_tensors")).otherwise(kept["batch"]).alias("batch"),
+        pl.when(step).then(pl.col("step_dtype")).otherwise(kept["dtype"]).alias("dtype"),
         *(pl.when(step).then(None).otherwise(pl.col(c)).alias(c) for c in shape_columns),
-    ).drop("_params", "_tensors", "_dtype")
+    )
 
 
 def per_operator(rows: pl.DataFrame) -> pl.DataFrame:

@@ -4,7 +4,8 @@ Only nodes whose duration role is ``own`` take a new duration: operators with th
 an optimizer step, an un-matched communication op) and collective instances (their transfer time,
 from the communication model). Collective members follow their instance; runtime calls and markers
 keep the trace's times. An operator no model covers keeps its measured duration and is counted as
-uncovered, never silently.
+uncovered, never silently. The kernels of an optimizer step (activities carrying
+``calibrate.in_trace.STEP_COLUMNS``) are predicted as the whole step the sampler times.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Protocol
 import numpy as np
 import polars as pl
 
+from tracecal.calibrate.in_trace import as_optimizer_steps
 from tracecal.errors import PredictionError
 from tracecal.predict.graph import ReplayGraph
 
@@ -114,6 +116,9 @@ def model_rows(graph: ReplayGraph) -> tuple[np.ndarray, pl.DataFrame]:
         rows = rows.with_columns(pl.col("phase").alias("trace_phase"))
     if "collective" not in rows.columns:
         rows = rows.with_columns(pl.lit(None, pl.String).alias("collective"))
+    # an optimizer step is one call of the whole-step model, its kernels sharing the prediction
+    # (split_per_operator), as the in-trace check scores it
+    rows = as_optimizer_steps(rows)
     return idx, rows.with_columns(call_direction_expr(rows))
 
 

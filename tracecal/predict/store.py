@@ -13,6 +13,8 @@ from typing import cast
 import duckdb
 import polars as pl
 
+from tracecal.calibrate.in_trace import step_parameter_frame
+from tracecal.decode.parameters import parameter_groups
 from tracecal.decode.topology import group_topology
 from tracecal.errors import PredictionError, RunNotFoundError
 from tracecal.predict.durations import DurationModel
@@ -69,6 +71,7 @@ def load_iteration(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int |
     acts = _query(con, "predict_activities", [run_id, iteration])
     if acts.height == 0:
         raise PredictionError(f"run {run_id} iteration {iteration} has no operators; was the run decoded?")
+    acts = _with_optimizer_steps(con, run_id, iteration, acts)
     colls = _query(con, "predict_collectives", [run_id, iteration])
     colls, paired = pair_unmatched_p2p(colls)
     runtime = _query(con, "predict_runtime", [iteration, run_id])
@@ -79,6 +82,26 @@ def load_iteration(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int |
         inputs=ReplayInputs(activities=acts, collectives=colls, runtime=runtime, ranks=ranks, carry_in=carry_in),
         measured_iteration_ns=ranks.select("rank", "measured_iteration_ns"),
         paired_p2p=paired,
+    )
+
+
+def _with_optimizer_steps(
+    con: duckdb.DuckDBPyConnection, run_id: str, iteration: int, acts: pl.DataFrame
+) -> pl.DataFrame:
+    """``acts`` with ``in_trace.STEP_COLUMNS`` where an optimizer step ran (the annotation around the
+    operator, the parameters the rank's step updates), so the predicted replay models a step whole;
+    ``acts`` unchanged when the iteration has none."""
+    steps = _query(con, "predict_optimizer_steps", [run_id, iteration])
+    if steps.height == 0:
+        return acts
+    rows = query_arrow(con, (QUERIES / "run_parameters.sql").read_text(), [run_id]).to_pylist()
+    parameters = step_parameter_frame({run_id: parameter_groups(rows)}, acts.schema["rank"]).drop("run_id")
+    steps = steps.cast({"rank": acts.schema["rank"], "event_id": acts.schema["event_id"]})
+    joined = acts.join(steps, on=["rank", "event_id"], how="left", maintain_order="left")
+    joined = joined.join(parameters, on="rank", how="left", maintain_order="left")
+    in_step = pl.col("optimizer_step").is_not_null()
+    return joined.with_columns(
+        pl.when(in_step).then(pl.col(c)).otherwise(None).alias(c) for c in ("step_params", "step_tensors", "step_dtype")
     )
 
 
