@@ -24,7 +24,7 @@ from tests.conftest import KINETO, NSYS
 from tracecal.decode.iterations import iteration_windows
 from tracecal.decode.link import with_end
 from tracecal.decode.rank import decode_ranks
-from tracecal.decode.windows import RankWindow, window_firsts
+from tracecal.decode.windows import RankWindow, crossing_windows, window_firsts
 from tracecal.ingest.discover import ParallelLayout
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.schema import EVENTS, arrow_schema
@@ -227,3 +227,19 @@ def test_iterations_group_into_windows_up_to_the_budget_and_split_only_where_the
     assert window_firsts([0, 10, 20, 30], [4, 4, 4, 4], 8) == [0, 2]
     assert window_firsts([0, 10, 20, 30], [4, 9, 1, 4], 8) == [0, 1, 2]  # a larger iteration is its own
     assert window_firsts([0, 10, 10, 30], [4, 4, 4, 4], 4) == [0, 1, 3]  # equal starts stay together
+
+
+def test_an_interval_is_context_for_the_windows_whose_start_it_strictly_contains() -> None:
+    """Window w starts at bounds[w - 1]: an interval is context for it when start < bound < end; one
+    that starts or ends exactly at a bound is not context for that window."""
+    bounds = [100, 200, 300]
+    ids = np.arange(6, dtype=np.int64)
+    starts = np.array([10, 100, 150, 50, 250, 310], dtype=np.int64)
+    ends = np.array([100, 201, 350, 120, 300, 400], dtype=np.int64)
+    found, first, last = crossing_windows(ids, starts, ends, bounds)
+    assert found.tolist() == [1, 2, 3]
+    assert dict(zip(found.tolist(), zip(first.tolist(), last.tolist(), strict=True), strict=True)) == {
+        1: (2, 2),  # starts at window 1's start, crosses window 2's
+        2: (2, 3),
+        3: (1, 1),
+    }

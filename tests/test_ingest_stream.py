@@ -71,6 +71,26 @@ def test_spilled_events_are_the_rows_in_a_parquet_file(tmp_path: Path, streamed:
     assert _plain(pq.read_table(spilled.events.path)).equals(_plain(kept.events))
 
 
+def test_a_spill_holds_ts_statistics_so_a_time_range_reads_only_its_row_groups(tmp_path: Path, streamed: None) -> None:
+    """Decode windows read a shard by time range (decode_window_events.sql): each row group says the
+    range of its ts_ns, so DuckDB skips the others instead of reading the whole shard per window."""
+    spilled = parse_kineto_file(SHARED[-1], tmp_path)
+    assert isinstance(spilled.events, EventsFile)
+    meta = pq.ParquetFile(spilled.events.path).metadata
+    ts = meta.schema.names.index("ts_ns")
+    ranges = [meta.row_group(g).column(ts).statistics for g in range(meta.num_row_groups)]
+    assert len(ranges) > 10 and all(r is not None and r.has_min_max for r in ranges)
+    middle = ranges[len(ranges) // 2]
+    overlapping = sum(1 for r in ranges if r.min <= middle.max and r.max >= middle.min)
+    assert overlapping < len(ranges)
+    with duckdb.connect() as con:
+        plan = con.execute(
+            "EXPLAIN ANALYZE SELECT count(*) FROM read_parquet(?) WHERE ts_ns >= ? AND ts_ns <= ?",
+            [str(spilled.events.path), middle.min, middle.max],
+        ).fetchall()[0][1]
+    assert f"Row Groups Scanned: {overlapping} / {len(ranges)}" in plan
+
+
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

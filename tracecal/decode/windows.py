@@ -59,6 +59,25 @@ def window_firsts(starts: Sequence[int], events: Sequence[int], budget: int) -> 
     return firsts
 
 
+def crossing_windows(
+    event_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, bounds: Sequence[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The intervals ``[starts, ends)`` that cross a window start, and the windows they are context for.
+
+    Window 0 starts before everything and window ``w`` (1-based) at ``bounds[w - 1]`` (ascending). An
+    interval is context for window ``w`` when ``start < bounds[w - 1] < end``: for the windows after the
+    one it starts in, up to the one holding its end.
+
+    Returns:
+        ``(event_ids, first_window, last_window)`` of the intervals that cross at least one start.
+    """
+    edges = np.asarray(bounds, dtype=np.int64)
+    first = np.searchsorted(edges, starts, side="right") + 1
+    last = np.searchsorted(edges, ends, side="left")
+    crossing = last >= first
+    return event_ids[crossing], first[crossing], last[crossing]
+
+
 def number_in_group(windows: Sequence[pl.DataFrame], *, gpu: bool) -> pl.DataFrame:
     """One rank's collectives from its windows (in time order), ``seq_in_group`` numbered as
     ``collectives.rank_collectives`` numbers the whole rank's.

@@ -45,11 +45,19 @@ from tracecal.ingest.trace import EventsFile, ParsedRank
 DIRECT_DECODE_BYTES = 256 * 2**20
 """Documents up to this size are read whole and decoded in one call; larger ones as a stream."""
 
-CHUNK_EVENTS = 4096
-"""Decoded events turned into one record batch at a time when there are more than ``2 * CHUNK_EVENTS``:
-each chunk's Structs stay in the CPU cache while its columns are read (by a transposing ``astuple``,
-``kineto_events.TRANSPOSE_ROWS``), which makes building the columns of a large trace faster; a smaller
-list is converted whole, because the fixed cost of each batch would outweigh that gain."""
+CHUNK_EVENTS = 131_072
+"""Most decoded events turned into one record batch: a streamed chunk (``event_chunks.CHUNK_BYTES``,
+80 000-130 000 events) converts whole, so its batch needs no second pass to unify the dictionaries of
+smaller ones (converting it in small pieces and combining them costs more than it saves); the Structs
+are still transposed a cache-sized block at a time (``kineto_events.TRANSPOSE_ROWS``). A document decoded
+in one call is converted this many events at a time, which bounds the per-field lists of a chunk
+(a pointer per event and field) to a few tens of MB."""
+
+SHARD_PARQUET: dict[str, Any] = {"compression": "lz4", "write_statistics": ["ts_ns"]}
+"""How a rank's events are written to Parquet (a spill, a shard, one rank of a split file): lz4, and
+min/max statistics of ``ts_ns`` alone, so that a decode window's range read
+(``sql/queries/decode_window_events.sql``) skips the row groups outside it instead of scanning the
+whole shard once per window; the other columns' statistics would only cost time."""
 
 _ERA_2021 = frozenset({"Operator", "Runtime", "Kernel", "Memcpy", "Memset"})
 _ERA_2024_FLOWS = frozenset({"ac2g", "fwdbwd"})
@@ -259,7 +267,7 @@ def _split_events_file(events: EventsFile, ranks: dict[int, int]) -> dict[int, t
 
     source = pq.ParquetFile(events.path)
     targets = {pid: events.path.with_suffix(f".rank{rank}.parquet") for pid, rank in ranks.items()}
-    writers = {pid: pq.ParquetWriter(t, source.schema_arrow, compression="lz4") for pid, t in targets.items()}
+    writers = {pid: pq.ParquetWriter(t, source.schema_arrow, **SHARD_PARQUET) for pid, t in targets.items()}
     counts = dict.fromkeys(ranks, 0)
     kernels = dict.fromkeys(ranks, 0)
     devices: dict[int, set[int]] = {pid: set() for pid in ranks}
@@ -337,7 +345,7 @@ def _spill(
 
     target = spill_dir / f"{path.name}.{os.getpid()}.{next(_SPILLS)}.parquet"
     try:
-        with pq.ParquetWriter(target, BATCH_SCHEMA, compression="lz4", write_statistics=False) as writer:
+        with pq.ParquetWriter(target, BATCH_SCHEMA, **SHARD_PARQUET) as writer:
             for batch in _record_batches(path, event_batches, facts):
                 writer.write_batch(batch)
         if not facts.rows:

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from tracecal.ingest.kineto import SHARD_PARQUET
 from tracecal.ingest.parse import parse_trace_file
 from tracecal.ingest.trace import EventsFile, ParsedRank
 from tracecal.schema import EVENTS, arrow_schema
@@ -46,7 +47,7 @@ def write_shard(events: pa.Table, target: Path) -> EventsFile:
     for schema_field in arrow_schema(EVENTS):
         if schema_field.name not in events.schema.names:
             events = events.append_column(schema_field, pa.nulls(events.num_rows, schema_field.type))
-    pq.write_table(events, target, compression="lz4", write_statistics=False)
+    pq.write_table(events, target, **SHARD_PARQUET)
     return EventsFile(target, events.num_rows, count_kernels(events))
 
 

@@ -32,15 +32,15 @@ from tracecal.decode.iterations import DEFAULT_MARKER, MARKER_KINDS, iteration_w
 from tracecal.decode.link import GPU_KINDS, RUNTIME_KINDS
 from tracecal.decode.rank import DECODE_COLUMNS, RankDecode, decode_ranks
 from tracecal.decode.topology import group_topology
-from tracecal.decode.windows import RankWindow, number_in_group, window_firsts
+from tracecal.decode.windows import RankWindow, crossing_windows, number_in_group, window_firsts
 from tracecal.errors import TraceFormatError
 from tracecal.ingest.discover import ParallelLayout
 from tracecal.schema import COLLECTIVES, ITERATIONS, OPERATORS
 from tracecal.sql.loaders import (
-    crossing_intervals,
     delete_derived_rows,
     event_counts,
     event_names,
+    events_by_id,
     events_per_start,
     insert_frame,
     launch_lags,
@@ -49,6 +49,7 @@ from tracecal.sql.loaders import (
     read_events,
     read_window_events,
     set_clock_offsets,
+    window_intervals,
 )
 
 
@@ -180,10 +181,7 @@ def _decode_in_windows(
         return None
     bounds = [starts[f] for f in firsts[1:]]  # the CPU start of each window after the first
     gpu_events, min_lag, max_lag = launch_lags(con, run_id, rank, GPU_KINDS, RUNTIME_KINDS)
-    context = pl.from_arrow(crossing_intervals(con, run_id, rank, DECODE_COLUMNS, GPU_KINDS, bounds))
-    assert isinstance(context, pl.DataFrame)
-    first_window, last_window = context.get_column("first_window"), context.get_column("last_window")
-    context = context.drop("first_window", "last_window")
+    context, first_window, last_window = _context_rows(con, run_id, rank, bounds)
     positions = np.arange(its.height)
     ends = [*firsts[1:], its.height]
     collectives: list[pl.DataFrame] = []
@@ -223,6 +221,34 @@ def _decode_in_windows(
         collectives=number_in_group(collectives, gpu=gpu_events > 0),
         iterations=pl.concat(iterations, how="vertical_relaxed"),
     )
+
+
+def _context_rows(
+    con: duckdb.DuckDBPyConnection, run_id: str, rank: int, bounds: list[int]
+) -> tuple[pl.DataFrame, pl.Series, pl.Series]:
+    """The rank's CPU intervals that cross a window start of ``bounds`` (their ``DECODE_COLUMNS``), and
+    the first and last window each is context for: found from their times a batch at a time
+    (``crossing_windows``), then only those rows read whole."""
+    found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    for batch in window_intervals(con, run_id, rank, GPU_KINDS):
+        found.append(
+            crossing_windows(
+                batch.column("event_id").to_numpy(),
+                batch.column("ts_ns").to_numpy(),
+                batch.column("end_ns").to_numpy(),
+                bounds,
+            )
+        )
+    ids, firsts, lasts = (
+        (np.concatenate(parts) for parts in zip(*found, strict=True)) if found else (np.zeros(0, np.int64),) * 3
+    )
+    rows = pl.from_arrow(events_by_id(con, run_id, rank, DECODE_COLUMNS, ids.tolist()))
+    assert isinstance(rows, pl.DataFrame)
+    # the rows in event order, each with its windows
+    order = np.argsort(ids, kind="stable")
+    windows = pl.DataFrame({"event_id": ids[order], "first_window": firsts[order], "last_window": lasts[order]})
+    rows = rows.sort("event_id").join(windows, on="event_id", how="left", maintain_order="left")
+    return rows.drop("first_window", "last_window"), rows.get_column("first_window"), rows.get_column("last_window")
 
 
 def _read_bounds(lo: int | None, hi: int | None, min_lag: int | None, max_lag: int | None) -> dict[str, int | None]:

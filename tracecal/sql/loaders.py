@@ -284,24 +284,22 @@ def launch_lags(
     return int(gpu_events), min_lag, max_lag
 
 
-def crossing_intervals(
-    con: duckdb.DuckDBPyConnection,
-    run_id: str,
-    rank: int,
-    columns: Sequence[str],
-    gpu_kinds: Sequence[str],
-    bounds: Sequence[int],
+def window_intervals(
+    con: duckdb.DuckDBPyConnection, run_id: str, rank: int, gpu_kinds: Sequence[str], batch_rows: int = 1_000_000
+) -> pa.RecordBatchReader:
+    """One rank's CPU-side intervals (``event_id``, ``ts_ns``, ``end_ns``), read ``batch_rows`` at a
+    time (``queries/decode_window_intervals.sql``)."""
+    params = {"run_id": run_id, "rank": rank, "gpu_kinds": list(gpu_kinds)}
+    reader: pa.RecordBatchReader = con.sql(_query("decode_window_intervals"), params=params).to_arrow_reader(batch_rows)
+    return reader
+
+
+def events_by_id(
+    con: duckdb.DuckDBPyConnection, run_id: str, rank: int, columns: Sequence[str], event_ids: Sequence[int]
 ) -> pa.Table:
-    """One rank's CPU-side intervals that cross a window start of ``bounds``: the ``columns`` plus
-    ``first_window`` and ``last_window`` (``queries/decode_window_context.sql``)."""
-    params = {
-        "run_id": run_id,
-        "rank": rank,
-        "columns": list(columns),
-        "gpu_kinds": list(gpu_kinds),
-        "bounds": list(bounds),
-    }
-    return _arrow(con, "decode_window_context", params)
+    """The ``columns`` of some of one rank's events, by event id (``queries/decode_window_rows.sql``)."""
+    params = {"run_id": run_id, "rank": rank, "columns": list(columns), "event_ids": list(event_ids)}
+    return _arrow(con, "decode_window_rows", params)
 
 
 def read_window_events(

@@ -7,6 +7,9 @@
 -- launch lags of decode_window_launch_lags.sql), and their runtime calls by the range
 -- [$runtime_lo, $runtime_hi) that holds the launch of each of them; the first call by event_id
 -- within that range is then the first of the rank, and no join touches the rest of the rank.
+-- Every range is written as plain comparisons of ts_ns (no CASE), so that DuckDB pushes it into the
+-- scan and skips the row groups of a Parquet shard whose ts_ns statistics lie outside it: a window
+-- reads its part of the rank, not the whole rank.
 -- Parameters: $run_id, $rank, $columns (the events columns to return), $gpu_kinds, $runtime_kinds,
 -- $lo, $hi, $gpu_lo, $gpu_hi, $runtime_lo, $runtime_hi (NULL bounds are open).
 --   $columns  as in events, unsorted
@@ -31,7 +34,7 @@ launched AS (
 SELECT COLUMNS($columns)
 FROM events
 WHERE run_id = $run_id AND rank = $rank AND NOT coalesce(list_contains($gpu_kinds, kind), false)
-  AND CASE WHEN ts_ns IS NULL THEN $lo IS NULL ELSE ($lo IS NULL OR ts_ns >= $lo) AND ($hi IS NULL OR ts_ns < $hi) END
+  AND ((ts_ns IS NULL AND $lo IS NULL) OR (($lo IS NULL OR ts_ns >= $lo) AND ($hi IS NULL OR ts_ns < $hi)))
 UNION ALL
 SELECT COLUMNS($columns)
 FROM launched
