@@ -116,9 +116,6 @@ def model_rows(graph: ReplayGraph) -> tuple[np.ndarray, pl.DataFrame]:
         rows = rows.with_columns(pl.col("phase").alias("trace_phase"))
     if "collective" not in rows.columns:
         rows = rows.with_columns(pl.lit(None, pl.String).alias("collective"))
-    # an optimizer step is one call of the whole-step model, its kernels sharing the prediction
-    # (split_per_operator), as the in-trace check scores it
-    rows = as_optimizer_steps(rows)
     return idx, rows.with_columns(call_direction_expr(rows))
 
 
@@ -156,7 +153,11 @@ def predicted(graph: ReplayGraph, model: DurationModel, fallback: Mapping[str, f
     idx, rows = model_rows(graph)
     if idx.size == 0:
         return Durations(base.dur_ns, base.source, "predicted")
-    raw = model.predict(rows)
+    # an optimizer step is one call of the whole-step model, its kernels sharing the prediction
+    # (split_per_operator), as the in-trace check scores it; what no model covers keeps its node's
+    # family for the fallback and the coverage
+    calls = as_optimizer_steps(rows)
+    raw = model.predict(calls)
     values = raw.to_numpy() if isinstance(raw, pl.Series) else np.asarray(raw, dtype=float)
     values = np.asarray(values, dtype=float)
     if values.shape != (idx.size,):
@@ -164,7 +165,7 @@ def predicted(graph: ReplayGraph, model: DurationModel, fallback: Mapping[str, f
     ok = np.isfinite(values)
     if (values[ok] < 0).any():
         raise PredictionError("the duration model predicted negative durations; recalibrate the cluster")
-    values = split_per_operator(rows, values)
+    values = split_per_operator(calls, values)
     dur = base.dur_ns.copy()
     source = base.source.copy()
     dur[idx[ok]] = np.rint(values[ok]).astype(np.int64)
