@@ -9,6 +9,8 @@ For ``gpt_h2048_l8_bf16`` and ``demo_tiny`` in ``../shared/data/gpu/h200/`` this
    (``calibrate --cluster h200``), then every traced operator of both runs predicted
    (``validate_in_trace``): coverage, MAPE, p50 and the time-weighted error (predicted − measured
    over the covered operators' measured time) per run and family.
+   The element-wise calls of gpt by op, dtype and bytes per element come next: a cast between
+   float32 and bfloat16 moves 6 bytes per element, a same-dtype copy 4 or 8.
 3. **Why**: the shared samples' CUDA-event medians against the trace's own durations for the very
    same calls (op, direction, shape, dtype, bytes), time-weighted per family; and the timing probe
    (``timing_probe.json``): one event-timed call, a burst of 50 and the profiler's kernel duration of
@@ -110,6 +112,39 @@ def in_trace(con: object, db: Path) -> None:
         )
 
 
+def elementwise_calls(con: object, db: Path) -> None:
+    """In-trace errors of the element-wise calls, by op, dtype and bytes per element: a cast (a
+    ``copy_`` between float32 and bfloat16, 6 bytes per element) apart from same-dtype copies."""
+    from tracecal.calibrate import load
+
+    print("\n## in-trace errors of element-wise calls by op, dtype and bytes per element (gpt)")
+    rows = traced_rows(con, CLUSTER)  # type: ignore[arg-type]
+    rows = rows.filter((pl.col("run_id") == RUNS[0]) & (pl.col("family") == "elementwise"))
+    predicted = load(CLUSTER, con=con, store_dir=model_store_dir(db)).predict(rows)  # type: ignore[arg-type]
+    rows = rows.with_columns(
+        pl.Series("pred", np.asarray(predicted, dtype=float)),
+        (pl.col("io_bytes") / pl.col("elements")).round(1).alias("bytes_per_element"),
+    ).filter(pl.col("pred").is_not_nan())
+    table = (
+        rows.group_by("cpu_op_name", "dtype", "bytes_per_element")
+        .agg(
+            pl.len().alias("ops"),
+            pl.col("dur_ns").sum().alias("measured"),
+            pl.col("pred").sum().alias("predicted"),
+            ((pl.col("pred") - pl.col("dur_ns")).abs() / pl.col("dur_ns")).mean().alias("mape"),
+        )
+        .sort("measured", descending=True)
+        .head(10)
+    )
+    print(f"{'op':<22} {'dtype':<9} {'B/elem':>6} {'ops':>5} {'meas ms':>8} {'pred ms':>8} {'MAPE':>6} {'time err':>9}")
+    for r in table.iter_rows(named=True):
+        print(
+            f"{r['cpu_op_name'] or '':<22} {r['dtype'] or '':<9} {r['bytes_per_element'] or float('nan'):>6.1f} "
+            f"{r['ops']:>5} {r['measured'] / 1e6:>8.2f} {r['predicted'] / 1e6:>8.2f} {100 * r['mape']:>6.1f} "
+            f"{100 * (r['predicted'] / r['measured'] - 1):>+8.1f}%"
+        )
+
+
 def same_calls(con: object) -> None:
     """The shared samples against the trace for the very same calls (time-weighted)."""
     print("\n## shared samples (CUDA events, one call) vs the trace's durations of the same calls (gpt)")
@@ -190,6 +225,7 @@ def main() -> None:
     with open_database(db) as con:
         coverage(con)
         in_trace(con, db)
+        elementwise_calls(con, db)
         same_calls(con)
         probe(con)
 
