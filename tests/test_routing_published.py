@@ -191,41 +191,58 @@ def test_a_two_kernel_op_is_scored_once() -> None:
     assert report["norm"]["mape"] == pytest.approx(10.0) and report["norm"]["time_error"] == pytest.approx(10.0)
 
 
-def test_a_traced_collective_is_predicted_at_its_sweeps_level(tmp_path: Path) -> None:
+def _comm_rows(collective: str, sizes: list[float], nodes: int, gpus_per_node: int) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "family": "comm",
+            "collective": collective,
+            "size_bytes": sizes,
+            "group_size": 2 if collective == "send" else nodes * gpus_per_node,
+            "nodes": nodes,
+            "gpus_per_node": gpus_per_node,
+            "dtype": "float16",
+        }
+    )
+
+
+def _window(sweep: pl.DataFrame, asked: float, window: float) -> pl.Series:
+    """The sweep's samples (ns) within ``window`` of ``asked``, carried to ``asked`` in proportion."""
+    near = sweep.filter((pl.col("bytes") / asked - 1).abs() <= window)
+    return near["dur(us)"] * 1e3 * asked / near["bytes"]
+
+
+def test_traced_collectives_are_predicted_at_their_sweeps_level(tmp_path: Path) -> None:
     """The published all-reduce sweep on 2 nodes x 4 GPUs alternates +-3 % with the size's position in
     NCCL's 512 KiB step, and its sample at exactly a GPT-20B tensor-parallel message (100663296
     bytes) sits in the upper mode; the training run's all-reduces of that size took less than any
     sample around it. A traced collective is predicted at the sweep's level around its size (the
-    median of the samples within LEVEL_WINDOW, carried to its size), not at its nearest samples."""
-    from tracecal.calibrate.sweep_level import LEVEL_WINDOW
+    median of the samples within LEVEL_WINDOW, carried to its size), not at its nearest samples; a
+    send (one transfer, whose sample includes the wait for the receiver) at the window's
+    TRANSFER_QUANTILE."""
+    from tracecal.calibrate.sweep_level import LEVEL_WINDOW, TRANSFER_QUANTILE
 
-    name = "NVIDIAA100-SXM4-80GB_allreduce_fp16_2_4.csv"
     nccl = GPUMODELING25 / "samples" / "perlmutter_a100_nccl"
-    models = _calibrated(tmp_path, nccl, [name], "c")
-    sweep = pl.read_csv(nccl / name).with_columns((2 * pl.col("shape")).alias("bytes"))
+    allreduce, p2p = "NVIDIAA100-SXM4-80GB_allreduce_fp16_2_4.csv", "NVIDIAA100-SXM4-80GB_p2p_fp16_2_1.csv"
+    models = _calibrated(tmp_path, nccl, [allreduce, p2p], "c")
+    sweep = pl.read_csv(nccl / allreduce).with_columns((2 * pl.col("shape")).alias("bytes"))
     asked = 100663296.0
     exact = sweep.filter(pl.col("bytes") == asked)["dur(us)"].item() * 1e3
-    window = sweep.filter((pl.col("bytes") / asked - 1).abs() <= LEVEL_WINDOW)
-    level = float((window["dur(us)"] * 1e3 * asked / window["bytes"]).median())  # type: ignore[arg-type]
+    level = float(_window(sweep, asked, LEVEL_WINDOW).median())  # type: ignore[arg-type]
     quarter = 128 * 1024  # a quarter of the 512 KiB step: the other phase of the pattern
-    rows = pl.DataFrame(
-        {
-            "family": "comm",
-            "collective": "all_reduce",
-            "size_bytes": [asked, asked + quarter, asked + 2 * quarter],
-            "group_size": 8,
-            "nodes": 2,
-            "gpus_per_node": 4,
-            "dtype": "float16",
-            "role": "tp",
-        }
-    )
-    predicted = models.predict(rows)
+    predicted = models.predict(_comm_rows("all_reduce", [asked, asked + quarter, asked + 2 * quarter], 2, 4))
     assert exact > 1.04 * level  # the sample at that size is in the upper mode
     assert predicted[0] == pytest.approx(level, rel=0.01)
     # the level does not follow the phase pattern: neighbouring sizes in the other mode agree
     assert predicted[1] == pytest.approx(predicted[0], rel=0.01)
     assert predicted[2] == pytest.approx(predicted[0], rel=0.01)
+
+    sends = pl.read_csv(nccl / p2p).with_columns((2 * pl.col("shape")).alias("bytes"))
+    asked = 25165824.0  # GPT-20B's activation send
+    near = _window(sends, asked, LEVEL_WINDOW)
+    low, median = float(near.quantile(TRANSFER_QUANTILE)), float(near.median())  # type: ignore[arg-type]
+    (send,) = models.predict(_comm_rows("send", [asked], 2, 1))
+    assert send == pytest.approx(low, rel=0.015)
+    assert send < 0.95 * median
 
 
 def test_sweep_level_keeps_the_regressor_where_the_window_is_thin() -> None:

@@ -244,7 +244,8 @@ class CalibratedModels:
         """The level of a collective model's sweep (``sweep_level``; cached)."""
         key = str(model.directory)
         if key not in self._levels:
-            self._levels[key] = SweepLevel.of(model.training, model.model.baseline_)
+            collective = model.meta.get("collective") or self._collective_of(model)
+            self._levels[key] = SweepLevel.of(model.training, model.model.baseline_, collective)
         return self._levels[key]
 
     def _distance(self, model: StoredModel, features: pl.DataFrame) -> np.ndarray:

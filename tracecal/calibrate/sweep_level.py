@@ -9,9 +9,17 @@ at another time. So a traced collective is predicted at the sweep's *level* arou
     level(s) = baseline(s) · median{ y_i / baseline(s_i) : |log(s_i / s)| ≤ log(1 + LEVEL_WINDOW) }
 
 with ``baseline`` the regressor's physical baseline (latency · steps + bus bytes / bandwidth), which
-carries each neighbour to the traced size. A size with fewer than ``LEVEL_MIN_SAMPLES`` samples in
-its window (the ends of a sweep, sparse sweeps) keeps the regressor's prediction. The regressor and
-its hold-out errors are unchanged; only the prediction of traced collectives reads the level.
+carries each neighbour to the traced size.
+
+A point-to-point transfer is a rendezvous: the replay starts it when both ends have arrived and times
+it at the shorter end (the other includes the wait), and a rebuilt decoded run keeps each p2p kernel's
+shortest traced occurrence for the same reason. A p2p sample is the sender's kernel alone, its wait
+for the receiver included (the published sampler runs without a barrier). So a send or receive is
+predicted at the low end of its window (``TRANSFER_QUANTILE``) rather than its median.
+
+A size with fewer than ``LEVEL_MIN_SAMPLES`` samples in its window (the ends of a sweep, sparse
+sweeps) keeps the regressor's prediction. The regressor and its hold-out errors are unchanged; only
+the prediction of traced collectives reads the level.
 See docs/calibration.md#routing-a-row-to-a-model.
 """
 
@@ -31,27 +39,37 @@ LEVEL_WINDOW = 0.10
 LEVEL_MIN_SAMPLES = 5
 """Fewer samples than this in the window: the regressor's prediction stands."""
 
+TRANSFER_QUANTILE = 0.1
+"""The quantile of the window a point-to-point transfer is predicted at (a collective: the median)."""
+
+POINT_TO_POINT = ("send", "recv")
+"""Collectives that are one transfer between two ranks, predicted at ``TRANSFER_QUANTILE``."""
+
 
 @dataclass(frozen=True)
 class SweepLevel:
-    """One sweep's samples as (log size, duration / baseline), sorted by size."""
+    """One sweep's samples as (log size, duration / baseline), sorted by size, and the quantile of a
+    window that is its level (0.5: the median)."""
 
     log_sizes: np.ndarray
     ratios: np.ndarray
+    quantile: float = 0.5
 
     @classmethod
-    def of(cls, training: pl.DataFrame, baseline: PhysicalBaseline) -> SweepLevel:
+    def of(cls, training: pl.DataFrame, baseline: PhysicalBaseline, collective: str | None = None) -> SweepLevel:
         """From a collective model's training rows (``size_bytes``, ``median_ns`` and the comm
-        columns) and its fitted physical baseline."""
+        columns) and its fitted physical baseline; ``collective`` in ``POINT_TO_POINT`` takes the
+        level at ``TRANSFER_QUANTILE``."""
         sizes = training.get_column("size_bytes").cast(pl.Float64).fill_null(np.nan).to_numpy()
         durations = training.get_column("median_ns").cast(pl.Float64).fill_null(np.nan).to_numpy()
         base = baseline.predict(feature_frame(training, COMM_FAMILY))
         keep = np.isfinite(sizes) & (sizes > 0) & np.isfinite(durations) & (durations > 0)
         order = np.argsort(sizes[keep], kind="stable")
-        return cls(np.log(sizes[keep][order]), (durations[keep] / base[keep])[order])
+        quantile = TRANSFER_QUANTILE if collective in POINT_TO_POINT else 0.5
+        return cls(np.log(sizes[keep][order]), (durations[keep] / base[keep])[order], quantile)
 
     def ratio_at(self, sizes: np.ndarray) -> np.ndarray:
-        """The median ratio to the baseline of the samples around each size; NaN where the window
+        """The ratio to the baseline of the samples around each size at ``quantile``; NaN where the window
         holds fewer than ``LEVEL_MIN_SAMPLES`` samples or the size is unknown."""
         out = np.full(len(sizes), np.nan)
         half = np.log1p(LEVEL_WINDOW)
@@ -60,7 +78,7 @@ class SweepLevel:
             lo = np.searchsorted(self.log_sizes, centre - half, side="left")
             hi = np.searchsorted(self.log_sizes, centre + half, side="right")
             if hi - lo >= LEVEL_MIN_SAMPLES:
-                out[sizes == size] = float(np.median(self.ratios[lo:hi]))
+                out[sizes == size] = float(np.quantile(self.ratios[lo:hi], self.quantile))
         return out
 
     def predict(self, features: pl.DataFrame, baseline: PhysicalBaseline, fallback: np.ndarray) -> np.ndarray:
