@@ -286,3 +286,26 @@ def test_the_predicted_replay_models_an_optimizer_step_whole(h200_db: Path) -> N
     # the coverage and a fallback see each kernel's own family, whatever the step's model did
     families = graph.nodes["family"].to_numpy()[idx][in_step]
     assert set(families.tolist()) >= {"optimizer"}
+
+
+def test_a_cpu_only_step_keeps_its_operators() -> None:
+    """On a CPU-only trace a step's leaf operators leave the Python time between them as gaps, which
+    a CPU step sample includes: they stay operators of their own; the step's GPU kernels do not."""
+    from tracecal.calibrate.in_trace import as_optimizer_steps
+
+    rows = pl.DataFrame(
+        {
+            "kind": ["cpu_op", "kernel", "cpu_op"],
+            "cpu_op_event_id": [1, 2, 3],
+            "cpu_op_name": ["aten::sqrt", "aten::_foreach_sqrt", "aten::mm"],
+            "family": ["elementwise", "optimizer", "gemm"],
+            "optimizer_step_id": [9, 9, None],
+            "optimizer_step": ["Optimizer.step#AdamW.step", "Optimizer.step#AdamW.step", None],
+            "step_params": [1000, 1000, None],
+            "step_tensors": [3, 3, None],
+            "step_dtype": ["float32", "float32", None],
+        }
+    )
+    out = as_optimizer_steps(rows)
+    assert out["cpu_op_name"].to_list() == ["aten::sqrt", "Optimizer.step#AdamW.step", "aten::mm"]
+    assert out["cpu_op_event_id"].to_list() == [1, 9, 3] and out["params"].to_list() == [None, 1000, None]

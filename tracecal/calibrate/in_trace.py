@@ -74,6 +74,14 @@ annotation around its CPU operator (event id and name; NULL outside a step) and 
 rank's step updates (``decode.parameters``)."""
 
 
+STEP_KINDS = ("kernel", "memcpy", "memset")
+"""Activity kinds a step is modelled whole on: GPU work, which a step sample times as the trace does
+(its kernels, ``samplers.timing``). On a CPU-only trace the step's operators are the leaf ops, and
+the Python time between them is a gap the replay keeps, while a CPU step sample (``perf_counter``, or
+the profiler's step range) holds that time too: there the step's operators stay operators of their
+own."""
+
+
 def step_parameter_frame(parameters: dict[str, dict[int, StepParameters]], rank_type: pl.DataType) -> pl.DataFrame:
     """``parameters`` (run_id -> rank -> the step's parameters) as rows: run_id, rank, step_params,
     step_tensors, step_dtype."""
@@ -103,11 +111,14 @@ def as_optimizer_steps(rows: pl.DataFrame) -> pl.DataFrame:
     as the sampler times it (``samplers.cases``: a whole step over the parameters): every kernel
     of the step is keyed by the annotation (``cpu_op_event_id``), named by it, of family
     ``optimizer``, with the rank's parameters (``STEP_COLUMNS``) as its shape: ``params``,
-    ``batch`` = tensors, ``elements``, ``dtype``. Rows outside a step are returned as they are; so is
-    a frame without the step columns. The in-trace check and the predicted replay both use it."""
+    ``batch`` = tensors, ``elements``, ``dtype``. Only GPU activities are grouped (``STEP_KINDS``;
+    all rows of a frame without ``kind``). Rows outside a step are returned as they are; so is a
+    frame without the step columns. The in-trace check and the predicted replay both use it."""
     if any(c not in rows.columns for c in STEP_COLUMNS) or rows.get_column("optimizer_step").is_null().all():
         return rows
     step = pl.col("optimizer_step").is_not_null()
+    if "kind" in rows.columns:
+        step = step & pl.col("kind").is_in(STEP_KINDS).fill_null(False)
     shape_columns = [c for c in ("m", "n", "k", "heads", "seq_q", "seq_k", "head_dim", "causal", "tokens", "vocab",
                                  "hidden", "flops", "io_bytes") if c in rows.columns]  # fmt: skip
     kept = {c: pl.col(c) if c in rows.columns else pl.lit(None) for c in ("params", "elements", "batch", "dtype")}
