@@ -93,6 +93,24 @@ def test_a_dask_worker_that_dies_is_one_error_naming_its_file_and_the_database_i
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith("tracecal-shards-")] == []
 
 
+@pytest.mark.slow
+def test_dask_local_workers_keep_glibcs_own_heap_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dask sets MALLOC_TRIM_THRESHOLD_ in its workers, which makes a streamed parse fault in fresh pages
+    for every chunk; the workers of --dask local are spawned without it."""
+    pytest.importorskip("distributed")
+    import os
+
+    from tracecal.ingest.dask_cluster import dask_executor
+
+    # as in a fresh trace-ingest: a LocalCluster made earlier in this process (another test's) leaves
+    # Dask's value in the process environment, which every later worker inherits
+    monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
+
+    with dask_executor("local", 1) as executor:
+        (environ,) = executor.client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_")).values()
+    assert environ is None
+
+
 def test_dask_without_dask_installed_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "distributed", None)  # `import distributed` now raises ImportError
     result = runner.invoke(app, ["ingest", str(DLRM), "--dask", "local", "--db", str(tmp_path / "t.duckdb")])

@@ -17,6 +17,13 @@ from tracecal.ingest.discover import TraceFile
 
 INSTALL_HINT = "--dask needs Dask, which is not installed: pip install 'tracecal[dask]'"
 
+LOCAL_WORKER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
+"""Dask configuration for the workers of ``--dask local``: without Dask's default
+``MALLOC_TRIM_THRESHOLD_``, which fixes glibc's thresholds (it gives every free page back and maps
+every large block afresh), so that a worker reuses its heap as a pool process does instead of
+page-faulting through every chunk of a streamed parse. Set the same on the workers of a cluster of
+your own (docs/scale-out.md)."""
+
 
 class DaskExecutor:
     """A ``FileExecutor`` over a ``distributed.Client``. ``capacity``: the cluster's worker threads
@@ -78,9 +85,12 @@ def dask_executor(target: str, workers: int) -> DaskExecutor:
     except ImportError:
         raise TracecalError(INSTALL_HINT) from None
     if target == "local":
-        cluster = distributed.LocalCluster(
-            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
-        )
+        import dask
+
+        with dask.config.set(LOCAL_WORKER_CONFIG):  # read when the workers are spawned, here
+            cluster = distributed.LocalCluster(
+                n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+            )
         return DaskExecutor(distributed.Client(cluster), workers, cluster)
     try:
         client = distributed.Client(target, timeout="30s")
