@@ -180,8 +180,9 @@ def fit_group(
     """Validate and fit one group. Never raises for data reasons: the status says what happened."""
     durations = rows.get_column("median_ns").cast(pl.Float64).fill_null(np.nan).to_numpy()
     flagged = rows.get_column("quality_flag").is_not_null().to_numpy() if "quality_flag" in rows.columns else 0
-    superseded = rows.get_column(SUPERSEDED).to_numpy() if SUPERSEDED in rows.columns else np.zeros(rows.height)
-    superseded = np.asarray(superseded, dtype=bool)
+    superseded = np.zeros(rows.height, dtype=bool)
+    if SUPERSEDED in rows.columns:
+        superseded = rows.get_column(SUPERSEDED).fill_null(False).to_numpy().astype(bool)
     valid = ~np.asarray(flagged, dtype=bool) & np.isfinite(durations) & (durations > 0)
     usable = valid & ~superseded
     result = GroupResult(
