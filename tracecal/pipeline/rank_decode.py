@@ -140,7 +140,8 @@ class _OperatorShard:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.schema = arrow_schema(OPERATORS)
-        self.writer = pq.ParquetWriter(path, self.schema, compression="lz4")
+        # read once, whole, by the loader's INSERT: no statistics to compute
+        self.writer = pq.ParquetWriter(path, self.schema, compression="lz4", write_statistics=False)
 
     def write(self, ops: pl.DataFrame) -> None:
         table = pa.table([ops.get_column(c).to_arrow() for c in self.schema.names], names=self.schema.names)
