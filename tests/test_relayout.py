@@ -219,3 +219,31 @@ def test_layer_all_reduces_without_a_message_take_the_layers_message() -> None:
     assert unshaped(run.tables["tail"]["bwd"]) > 0
     plan = relayout(run, log, Layout(4, 4, 8))
     assert unshaped(plan.run.tables["tail"]["bwd"]) == 0
+
+
+def test_search_candidates_of_16_gpus_for_the_llemma_model() -> None:
+    """Every PP·TP·DP = 16 is a candidate; the ones the model cannot run are left out with their reason,
+    and a device too small for a layout's estimated memory rules it out."""
+    from tracecal.predict.search import candidates, valid_layouts
+
+    run = read_decoded_run(LLEMMA)
+    log = parse_neox_log(run.log_path)
+    dims = model_dims(log, run)
+    facts = model_facts(log, dims)
+    layers = [n for s in log.stage_layers for n in s]
+
+    def first(layout: Layout) -> int:
+        counts = [sum("TransformerLayer" in n for n in s) for s in partition(layers, layout.pp, "uniform")]
+        if min(counts) < 1:
+            raise LayoutError(f"layout {layout.text}: a stage without a transformer layer")
+        return counts[0]
+
+    base = Layout(4, 2, 2, micro_batches=16, micro_batch_size=4, gpus_per_node=4)
+    assert len(candidates(16)) == 15
+    kept, rejected = valid_layouts(16, facts, dims, base, stage_layers=first, memory_bytes=None)
+    assert {k.text for k in kept} >= {"4x2x2", "2x4x2", "8x2x1", "2x1x8"}
+    assert all(k.pp >= 2 and k.world_size == 16 for k in kept)
+    assert {r.layout.text for r in rejected} >= {"1x16x1", "16x1x1"}
+    assert len(kept) + len(rejected) == 15
+    small, _ = valid_layouts(16, facts, dims, base, stage_layers=first, memory_bytes=8e9)
+    assert len(small) < len(kept) and all(k.tp >= 2 for k in small)
