@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import gzip
 import os
+import re
 import shutil
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -159,7 +160,10 @@ def test_bad_input_through_the_pool_is_one_line_and_skip_goes_on(tmp_path: Path)
     runner = CliRunner()
     failed = runner.invoke(app, ["ingest", str(run), "-j", "2", "--db", db])
     assert failed.exit_code == 2, failed.output
-    (line,) = failed.output.strip().splitlines()
+    # off a terminal, progress comes as plain lines ("run 0/4 (0 s)"); the error is one line of its own
+    progress = re.compile(r"^\S+ \d+/\d+ \(\d+ s\)$")
+    (line,) = [line for line in failed.output.strip().splitlines() if not progress.match(line)]
+    assert line.startswith("error: ")
     assert "worker3_corrupt.pt.trace.json.gz" in line and "corrupt" in line
     skipped = runner.invoke(
         app, ["ingest", str(run), "-j", "2", "--on-error", "skip", "--db", db], env={"COLUMNS": "200"}
