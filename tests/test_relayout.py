@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tracecal.cli.main import app
@@ -247,3 +249,18 @@ def test_search_candidates_of_16_gpus_for_the_llemma_model() -> None:
     assert len(kept) + len(rejected) == 15
     small, _ = valid_layouts(16, facts, dims, base, stage_layers=first, memory_bytes=8e9)
     assert len(small) < len(kept) and all(k.tp >= 2 for k in small)
+
+
+@given(st.text(max_size=24))
+def test_parse_layout_takes_three_positive_integers_or_says_what_it_expects(text: str) -> None:
+    try:
+        pp, tp, dp = parse_layout(text)
+    except LayoutError as exc:
+        assert "expected PPxTPxDP" in str(exc) and "\n" not in str(exc)
+    else:
+        assert min(pp, tp, dp) >= 1
+
+
+@given(st.integers(1, 64), st.integers(1, 64), st.integers(1, 64))
+def test_parse_layout_round_trips(pp: int, tp: int, dp: int) -> None:
+    assert parse_layout(Layout(pp, tp, dp).text) == (pp, tp, dp)
