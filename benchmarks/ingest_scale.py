@@ -196,8 +196,9 @@ def _peak(r: dict[str, Any]) -> float:
 
 def sizes_table(sizes: list[float], hta_sizes: list[float], source: Path, tmp: Path) -> None:
     print(
-        f"{'rank':>8s} {'events':>11s} | {'parse + load':>12s} {'MB/s/CPU-s':>10s} {'peak RSS':>8s} | "
-        f"{'with decode':>11s} {'MB/s/CPU-s':>10s} {'vs 1st':>6s} {'peak RSS':>8s} {'wall s':>7s}"
+        f"{'rank':>8s} {'events':>11s} | {'parse':>10s} | {'parse + load':>12s} {'MB/s/CPU-s':>10s} {'peak RSS':>8s} | "
+        f"{'with decode':>11s} {'MB/s/CPU-s':>10s} {'vs 1st':>6s} {'÷ parse':>7s} {'peak RSS':>8s} {'wall s':>7s} "
+        f"{'load':>5s}"
     )
     base: float | None = None
     hta_lines = []
@@ -207,6 +208,7 @@ def sizes_table(sizes: list[float], hta_sizes: list[float], source: Path, tmp: P
         path = run / "rank-0.json"
         size = make_rank_file(source, size_gb, path)
         mb = size / 1e6
+        load_average = os.getloadavg()[0]
         load = _run_child("parse-load", path)
         whole = _run_child("ingest-j1", path)
         for label, r in (("parse + load", load), ("with decode", whole)):
@@ -214,10 +216,12 @@ def sizes_table(sizes: list[float], hta_sizes: list[float], source: Path, tmp: P
                 sys.exit(f"{label} of the {size / 1e9:.2f} GB rank failed: {r['failed']}")
         rate = mb / whole["cpu"]
         base = base or rate
+        parse_rate = mb / load["parse_cpu"]
         print(
-            f"{size / 1e9:5.2f} GB {load['events']:>11,} | {load['cpu']:10.1f} s {mb / load['cpu']:10.1f} "
-            f"{_peak(load):5.2f} GB | {whole['cpu']:9.1f} s {rate:10.1f} {100 * (rate / base - 1):+5.0f}% "
-            f"{_peak(whole):5.2f} GB {whole['wall']:7.1f}",
+            f"{size / 1e9:5.2f} GB {load['events']:>11,} | {parse_rate:10.1f} | {load['cpu']:10.1f} s "
+            f"{mb / load['cpu']:10.1f} {_peak(load):5.2f} GB | {whole['cpu']:9.1f} s {rate:10.1f} "
+            f"{100 * (rate / base - 1):+5.0f}% {rate / parse_rate:7.2f} {_peak(whole):5.2f} GB {whole['wall']:7.1f} "
+            f"{load_average:5.1f}",
             flush=True,
         )
         if any(abs(size_gb - h) < 1e-9 for h in hta_sizes):
@@ -232,8 +236,9 @@ def sizes_table(sizes: list[float], hta_sizes: list[float], source: Path, tmp: P
                 )
         shutil.rmtree(run)
     print(
-        "MB/s/CPU-s: MB of JSON per CPU-second (every process); peak RSS: the largest process; with decode: the\n"
-        "whole ingest (parse, load, decode, commit); vs 1st: its MB/s per CPU-second against the first size"
+        "MB/s/CPU-s: MB of JSON per CPU-second (every process); parse: the parse alone, MB/s per CPU-second;\n"
+        "peak RSS: the largest process; with decode: the whole ingest (parse, load, decode, commit); vs 1st: its\n"
+        "MB/s per CPU-second against the first size; ÷ parse: against the parse alone; load: load average before"
     )
     if hta_lines:
         print(
