@@ -93,7 +93,8 @@ def render_layout(result: LayoutPrediction, cluster: str | None) -> None:
     )
     stdout.print(
         f"iteration (slowest stage): {result.iteration_ns / 1e6:.3f} ms for {result.samples} samples: "
-        f"{result.throughput:.2f} samples/s; idle (bubble and waits) {100 * result.idle_share:.1f} %",
+        f"{result.throughput:.2f} samples/s; idle {100 * result.idle_share:.1f} % and exposed pipeline "
+        f"transfers and waits (comm_pp, the bubble) {100 * _share(result, 'comm_pp'):.1f} %",
         highlight=False,
     )
     if result.gap_share is not None:
@@ -117,6 +118,11 @@ def render_layout(result: LayoutPrediction, cluster: str | None) -> None:
             f"{100 * total:.1f} % of operator time has no model at its new shape (traced duration times the work "
             f"ratio): {names}"
         )
+
+
+def _share(result: LayoutPrediction, component: str) -> float:
+    hit = result.components.filter(result.components["component"] == component)["share"]
+    return float(hit[0]) if hit.len() else 0.0
 
 
 def search(
@@ -155,7 +161,7 @@ def search(
     layers over PP, whole nodes, memory per GPU), predict each by rebuilding and replaying its iteration,
     and rank them by throughput: samples per second at the global batch each layout runs (DP ·
     micro-batches · micro-batch size, stated). Shows each layout's iteration time, component split and
-    idle (bubble) share."""
+    idle share (the pipeline bubble shows as exposed comm_pp and idle)."""
     from tracecal.predict.search import search_run
     from tracecal.sql.connection import open_database
 
@@ -167,7 +173,7 @@ def search(
             model = _model(con, settings.db_path, cluster, mode)
             memory: float | None
             if gpu_memory_gib is not None:
-                memory, memory_source = gpu_memory_gib * 2**30, "--gpu-memory-gib"
+                memory, memory_source = gpu_memory_gib * 2**30, f"{gpu_memory_gib:g} GiB (--gpu-memory-gib)"
             else:
                 memory, memory_source = device_memory_bytes(con, cluster)
 
@@ -213,9 +219,13 @@ def _render_search(run: str, result, memory_source: str) -> None:
         ])  # fmt: skip
     render_rows(
         f"{run}: layouts of {result.gpus} GPUs ranked by throughput (PPxTPxDP)",
-        ["rank", "layout", "global batch", "iteration ms", "samples/s", "idle (bubble)", "split (≥ 2 %)"],
+        ["rank", "layout", "global batch", "iteration ms", "samples/s", "idle", "split (≥ 2 %)"],
         rows,
     )
-    stdout.print(f"memory per GPU: {memory_source}", highlight=False)
+    stdout.print(
+        "shares are of the slowest stage's iteration; the pipeline bubble shows as comm_pp (a receive spans "
+        f"the wait for its sender) and idle; memory per GPU: {memory_source}",
+        highlight=False,
+    )
     for r in result.rejected:
         stdout.print(f"left out: {r.reason}", highlight=False)

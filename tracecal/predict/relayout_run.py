@@ -3,7 +3,7 @@
 The rebuilt iteration (``relayout.rebuild_at``) is stored in a scratch database of its own, decoded
 there by the same code as an ingest, loaded and replayed like any stored run (``predict_stored_run``),
 and summarised: the slowest stage's iteration, the throughput at the global batch the layout runs,
-its component split, its idle (bubble) share, the share of CPU-side gaps kept as traced, and the
+its component split, its idle share, the share of CPU-side gaps kept as traced, and the
 operators no model covers at their new shape. The caller's database is only read.
 """
 
@@ -52,7 +52,8 @@ class LayoutPrediction:
         iteration_ns: the slowest stage's replayed iteration.
         samples: the global batch of one iteration (DP · micro-batches · micro-batch size).
         components: the slowest stage's split: component, ms, share (of its iteration).
-        idle_share: the slowest stage's idle time (pipeline bubble and waits) over its iteration.
+        idle_share: the slowest stage's idle time over its iteration (the pipeline bubble shows there and
+            in exposed ``comm_pp``: a receive spans the wait for its sender).
         gap_share: CPU-side gaps kept as traced on its critical path, over its iteration.
         uncovered: operators whose duration no model gave (name, family, share of operator time).
         prediction: the replay.
