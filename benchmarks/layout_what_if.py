@@ -110,7 +110,7 @@ def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tup
     from tracecal.predict.models import load_duration_model
     from tracecal.predict.published_runs import with_published_iteration
     from tracecal.predict.relayout_run import predict_layout, run_layout, source_job
-    from tracecal.predict.search import search_run
+    from tracecal.predict.search import device_memory_bytes, search_run
     from tracecal.predict.store import predict_stored_run
     from tracecal.sql.connection import open_database
 
@@ -164,7 +164,8 @@ def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tup
                 order = [layouts[r].text for r in sorted(members, key=lambda r: -per_s[r])]
                 src = members[0]
                 t0 = time.perf_counter()
-                res = search_run(con, src, gpus, model=model)
+                memory, _ = device_memory_bytes(con, cluster)
+                res = search_run(con, src, gpus, model=model, memory_bytes=memory)
                 searches.append((src, gpus, res, order, time.perf_counter() - t0))
     return pl.DataFrame(rows), searches
 

@@ -3,7 +3,6 @@ parallel layouts, rebuilt and replayed (see docs/what-if.md)."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -19,21 +18,6 @@ if TYPE_CHECKING:
     from tracecal.predict.relayout_run import LayoutPrediction
 
 SEARCH_FORMATS = ("table", "csv")
-
-_DEVICE_MEMORY = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
-
-
-def device_memory_bytes(con: duckdb.DuckDBPyConnection, cluster: str | None) -> tuple[float | None, str]:
-    """The device memory of a cluster's GPUs as its samples name them (``...-80GB``), and where from."""
-    if cluster is None:
-        return None, "no --cluster: memory per GPU not checked"
-    names = [r[0] for r in con.execute(
-        "SELECT DISTINCT device_name FROM samples WHERE cluster = ? AND device_name IS NOT NULL", [cluster]
-    ).fetchall()]  # fmt: skip
-    sizes = [int(m.group(1)) for n in names if (m := _DEVICE_MEMORY.search(n))]
-    if not sizes:
-        return None, f"{cluster}'s samples name no device memory: memory per GPU not checked (use --gpu-memory-gib)"
-    return min(sizes) * 1e9, f"{min(sizes)} GB, from the device of {cluster}'s samples"
 
 
 def _model(con: duckdb.DuckDBPyConnection, db_path: Path, cluster: str | None, mode: str):
@@ -162,7 +146,7 @@ def search(
     and rank them by throughput: samples per second at the global batch each layout runs (DP ·
     micro-batches · micro-batch size, stated). Shows each layout's iteration time, component split and
     idle share (the pipeline bubble shows as exposed comm_pp and idle)."""
-    from tracecal.predict.search import search_run
+    from tracecal.predict.search import device_memory_bytes, search_run
     from tracecal.sql.connection import open_database
 
     with user_errors():

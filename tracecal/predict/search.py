@@ -11,6 +11,7 @@ ranked by samples per second.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -135,6 +136,22 @@ def ranking(results: list) -> pl.DataFrame:
         return pl.DataFrame(schema=SEARCH_SCHEMA)
     frame = pl.DataFrame(rows, schema_overrides=SEARCH_SCHEMA)
     return frame.sort("samples_per_s", descending=True).with_row_index("rank", offset=1)
+
+
+_DEVICE_MEMORY = re.compile(r"(\d+)\s*GB", re.IGNORECASE)
+
+
+def device_memory_bytes(con, cluster: str | None) -> tuple[float | None, str]:
+    """The device memory of a cluster's GPUs as its samples name them (``...-80GB``), and where from."""
+    if cluster is None:
+        return None, "no --cluster: memory per GPU not checked"
+    names = [r[0] for r in con.execute(
+        "SELECT DISTINCT device_name FROM samples WHERE cluster = ? AND device_name IS NOT NULL", [cluster]
+    ).fetchall()]  # fmt: skip
+    sizes = [int(m.group(1)) for n in names if (m := _DEVICE_MEMORY.search(n))]
+    if not sizes:
+        return None, f"{cluster}'s samples name no device memory: memory per GPU not checked (use --gpu-memory-gib)"
+    return min(sizes) * 1e9, f"{min(sizes)} GB, from the device of {cluster}'s samples"
 
 
 class SearchError(TracecalError):
