@@ -21,25 +21,15 @@ import polars as pl
 
 from tracecal.errors import PredictionError, RunNotFoundError
 from tracecal.ingest.discover import DECODED_FORMAT, decoded_job_dir
+from tracecal.predict.components import COMPONENTS
 from tracecal.predict.durations import DurationModel
 from tracecal.predict.layouts import Layout
 from tracecal.predict.relayout import Relayout, rebuild_at
 from tracecal.predict.run import Prediction, slack_report
 from tracecal.predict.store import predict_stored_run
 
-COMPONENT_ORDER = (
-    "compute_fwd",
-    "compute_bwd",
-    "optimizer",
-    "other",
-    "comm_tp",
-    "comm_dp",
-    "comm_pp",
-    "comm_ep",
-    "comm_other",
-    "memcpy",
-    "idle",
-)
+COMPONENT_ORDER = (*COMPONENTS, "idle")
+"""The components a re-layout reports, in the replay's priority order, idle last."""
 
 
 @dataclass(frozen=True)
