@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import math
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -37,9 +36,22 @@ DbOption = Annotated[
     typer.Option("--db", help="DuckDB database (default: $TRACECAL_DB, else ./tracecal.duckdb)."),
 ]
 
-# Off a terminal, lines are not wrapped at rich's default 80 columns: a log keeps each message on one line.
-stdout = Console(soft_wrap=not sys.stdout.isatty())
-stderr = Console(stderr=True, soft_wrap=not sys.stderr.isatty())
+
+class _Console(Console):
+    """A console that wraps long lines on a terminal only: off one (a pipe, a log) each line is
+    printed whole instead of at rich's default 80 columns. Decided at each print, as the stream is."""
+
+    @property
+    def soft_wrap(self) -> bool:
+        return not self.is_terminal
+
+    @soft_wrap.setter
+    def soft_wrap(self, value: bool) -> None:
+        """Console.__init__ sets it; the stream decides instead."""
+
+
+stdout = _Console()
+stderr = _Console(stderr=True)
 
 
 @contextmanager
@@ -222,7 +234,15 @@ def _cells(columns: Sequence[Col], rows: Sequence[Sequence[Any]]) -> list[list[s
     return [[format_value(v, col.kind, d) for v, col, d in zip(row, columns, decimals, strict=True)] for row in rows]
 
 
-def _table(title: str | None, columns: Sequence[Col], cells: Sequence[Sequence[str]], headers: Sequence[str]) -> Table:
+def _table(
+    title: str | None,
+    columns: Sequence[Col],
+    cells: Sequence[Sequence[str]],
+    headers: Sequence[str],
+    widths: Sequence[int] | None = None,
+) -> Table:
+    """A rich table of the cells; ``widths`` fixes each column's width (a terminal), else each
+    column is as wide as its widest value (a pipe)."""
     table = Table(
         title=title,
         box=box.SIMPLE_HEAD,
@@ -232,21 +252,43 @@ def _table(title: str | None, columns: Sequence[Col], cells: Sequence[Sequence[s
         title_justify="left",
     )
     for i, (col, header) in enumerate(zip(columns, headers, strict=True)):
-        numeric = col.kind in NUMERIC_KINDS
-        widest = max((len(row[i]) for row in cells), default=0)
-        # a number never wraps: its column is at least as wide as its widest value
-        table.add_column(header, justify="right" if numeric else "left", min_width=widest if numeric else None)
+        table.add_column(
+            header,
+            justify="right" if col.kind in NUMERIC_KINDS else "left",
+            width=None if widths is None else widths[i],
+        )
     for row in cells:
         table.add_row(*(escape(c) for c in row))
     return table
 
 
-def _min_width(console: Console, table: Table) -> int:
-    return Measurement.get(console, console.options.update_width(10**6), table).minimum
+def _longest_word(text: str) -> int:
+    return max((len(word) for word in text.split()), default=0)
+
+
+def _column_widths(
+    columns: Sequence[Col], cells: Sequence[Sequence[str]], headers: Sequence[str], room: int
+) -> list[int] | None:
+    """Widths that fit ``room`` characters of cells without splitting a word (a number is one
+    word, a text cell may wrap at its spaces, a header too), or None when even that is too wide.
+    Each column starts at its widest value; the one with the most to spare gives a character
+    until the table fits."""
+    least, widths = [], []
+    for i, (col, header) in enumerate(zip(columns, headers, strict=True)):
+        values = [row[i] for row in cells]
+        words = [len(v) if col.kind in NUMERIC_KINDS else _longest_word(v) for v in values]
+        least.append(max(_longest_word(header), *words, 1))
+        widths.append(max(len(header), *(len(v) for v in values), 1))
+    if sum(least) > room:
+        return None
+    while sum(widths) > room:
+        spare = [w - m for w, m in zip(widths, least, strict=True)]
+        widths[spare.index(max(spare))] -= 1
+    return widths
 
 
 def _fit(
-    title: str | None, columns: Sequence[Col], cells: Sequence[Sequence[str]], width: int, console: Console
+    title: str | None, columns: Sequence[Col], cells: Sequence[Sequence[str]], width: int
 ) -> tuple[Table, list[str], list[str]]:
     """The widest table that fits ``width`` without splitting a word: full headers, else short ones,
     else columns left out from the right (never a kept one). Returns it with the abbreviated headers
@@ -255,8 +297,10 @@ def _fit(
     abbreviate = False
     while True:
         headers = [(columns[i].short or columns[i].header) if abbreviate else columns[i].header for i in shown]
-        table = _table(title, [columns[i] for i in shown], [[row[i] for i in shown] for row in cells], headers)
-        if _min_width(console, table) <= width:
+        kept = [[row[i] for i in shown] for row in cells]
+        # each column: its cells, one space of padding, and one of separator except the last
+        widths = _column_widths([columns[i] for i in shown], kept, headers, width - 2 * len(shown) + 1)
+        if widths is not None:
             break
         if not abbreviate and any(columns[i].short for i in shown):
             abbreviate = True
@@ -265,6 +309,7 @@ def _fit(
         if not droppable:
             break  # even the kept columns are too wide: rich wraps them
         shown.remove(droppable[-1])
+    table = _table(title, [columns[i] for i in shown], kept, headers, widths)
     short = [f"{columns[i].short} = {columns[i].header}" for i in shown if abbreviate and columns[i].short]
     dropped = [columns[i].header for i in range(len(columns)) if i not in shown]
     return table, short, dropped
@@ -284,7 +329,7 @@ def render_rows(title: str | None, columns: Sequence[str | Col], rows: Sequence[
         lines = whole.file.getvalue().splitlines()  # type: ignore[attr-defined]
         stdout.file.write("".join(line.rstrip() + "\n" for line in lines))
         return
-    table, short, dropped = _fit(title, cols, cells, stdout.width, stdout)
+    table, short, dropped = _fit(title, cols, cells, stdout.width)
     stdout.print(table)
     notes = []
     if short:
