@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +15,15 @@ KINETO = SHARED_DATA / "traces" / "kineto"
 NSYS = SHARED_DATA / "traces" / "nsys"
 INVALID = SHARED_DATA / "traces" / "invalid"
 GPUMODELING25 = SHARED_DATA / "gpumodeling25"
+
+
+_PROGRESS_LINE = re.compile(r"^.+ \d+/\d+ \(\d+ s\)$")
+"""A progress line as commands print them off a terminal (``cli.common.LineProgress``): ``run 0/4 (0 s)``."""
+
+
+def without_progress(output: str) -> list[str]:
+    """The lines of a command's output that are not progress lines: what it says about its result."""
+    return [line for line in output.strip().splitlines() if not _PROGRESS_LINE.match(line)]
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from __future__ import annotations
 import concurrent.futures
 import gzip
 import os
-import re
 import shutil
 from collections.abc import Callable, Collection
 from pathlib import Path
@@ -16,7 +15,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import KINETO
+from tests.conftest import KINETO, without_progress
 from tracecal.cli.main import app
 from tracecal.errors import TraceFormatError, WorkerError
 from tracecal.ingest import shards
@@ -161,8 +160,7 @@ def test_bad_input_through_the_pool_is_one_line_and_skip_goes_on(tmp_path: Path)
     failed = runner.invoke(app, ["ingest", str(run), "-j", "2", "--db", db])
     assert failed.exit_code == 2, failed.output
     # off a terminal, progress comes as plain lines ("run 0/4 (0 s)"); the error is one line of its own
-    progress = re.compile(r"^\S+ \d+/\d+ \(\d+ s\)$")
-    (line,) = [line for line in failed.output.strip().splitlines() if not progress.match(line)]
+    (line,) = without_progress(failed.output)
     assert line.startswith("error: ")
     assert "worker3_corrupt.pt.trace.json.gz" in line and "corrupt" in line
     skipped = runner.invoke(
