@@ -26,7 +26,15 @@ from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from tracecal.errors import TracecalError
@@ -100,7 +108,7 @@ class LineProgress:
 
     def __init__(self, console: Console) -> None:
         self._console = console
-        self._tasks: dict[int, dict[str, Any]] = {}
+        self._tasks: dict[TaskID, dict[str, Any]] = {}
 
     def __enter__(self) -> LineProgress:
         return self
@@ -108,15 +116,15 @@ class LineProgress:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         return None
 
-    def add_task(self, description: str, total: float | None = None, **_: Any) -> int:
-        task = len(self._tasks)
+    def add_task(self, description: str, total: float | None = None, **_: Any) -> TaskID:
+        task = TaskID(len(self._tasks))
         self._tasks[task] = {"description": description, "total": total, "completed": 0, "started": time.monotonic()}
         self._line(task)
         return task
 
     def update(
         self,
-        task: int,
+        task: TaskID,
         *,
         completed: float | None = None,
         total: float | None = None,
@@ -138,7 +146,7 @@ class LineProgress:
         if state["description"] != before[0] or (finished and not before[1]):
             self._line(task)
 
-    def _line(self, task: int) -> None:
+    def _line(self, task: TaskID) -> None:
         state = self._tasks[task]
         count = "" if state["total"] is None else f" {int(state['completed'])}/{int(state['total'])}"
         elapsed = time.monotonic() - state["started"]

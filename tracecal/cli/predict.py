@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from tracecal.cli.common import DbOption, render_rows, stdout, user_errors, warn
+from tracecal.cli.common import DbOption, progress_bar, render_rows, stdout, user_errors, warn
 from tracecal.config import Settings, model_store_dir
 from tracecal.errors import PredictionError
 
@@ -477,6 +478,16 @@ def _emit(text: str, output: Path | None, what: str) -> None:
         typer.echo(text, nl=False)
 
 
+def _each_run(run_ids: list[str]) -> Iterator[str]:
+    """The runs to validate, one progress step each (a bar on a terminal, one line per run elsewhere)."""
+    with progress_bar() as bar:
+        task = bar.add_task(f"validate {run_ids[0]}" if run_ids else "validate", total=len(run_ids))
+        for run_id in run_ids:
+            bar.update(task, description=f"validate {run_id}")
+            yield run_id
+            bar.update(task, advance=1)
+
+
 def _validate_published(con, run_ids, mode, model, cluster, factors, fmt, output, figures, attribute) -> None:
     """Decoded runs: the published Table 9 components, ours beside the published."""
     import polars as pl
@@ -484,7 +495,9 @@ def _validate_published(con, run_ids, mode, model, cluster, factors, fmt, output
     from tracecal.predict import published
     from tracecal.predict.published_runs import validate_decoded_run
 
-    results = [validate_decoded_run(con, r, mode=mode, model=model, cluster=cluster, scale=factors) for r in run_ids]
+    results = [
+        validate_decoded_run(con, r, mode=mode, model=model, cluster=cluster, scale=factors) for r in _each_run(run_ids)
+    ]
     if attribute:
         _published_attribution(con, results, fmt, output, figures)
         return
@@ -585,7 +598,7 @@ def _validate_traced(con, run_ids, mode, model, cluster, factors, fmt, output, f
     from tracecal.predict.validate import error_table, times_table, to_markdown
 
     results = []
-    for run_id in run_ids:
+    for run_id in _each_run(run_ids):
         _, pred = predict_stored_run(con, run_id, mode=mode, cluster=cluster, model=model, scale=factors)
         results.append((run_id, pred))
     if attribute:
