@@ -24,7 +24,7 @@ from tests.conftest import KINETO, NSYS
 from tracecal.decode.iterations import iteration_windows
 from tracecal.decode.link import with_end
 from tracecal.decode.rank import decode_ranks
-from tracecal.decode.windows import RankWindow, crossing_windows, window_firsts
+from tracecal.decode.windows import RankWindow, crossing_windows, events_per_iteration, window_firsts
 from tracecal.ingest.discover import ParallelLayout
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.schema import EVENTS, arrow_schema
@@ -243,3 +243,12 @@ def test_an_interval_is_context_for_the_windows_whose_start_it_strictly_contains
         2: (2, 3),
         3: (1, 1),
     }
+
+
+def test_events_count_for_the_last_iteration_starting_at_or_before_them() -> None:
+    """Events before the first iteration, and events without a time, count for the first iteration."""
+    starts = [100, 200, 300]
+    ts = np.array([5, 100, 150, 199, 200, 250, 300, 999, 0], dtype=np.int64)
+    missing = np.array([False] * 8 + [True])
+    assert events_per_iteration(starts, ts, missing).tolist() == [5, 2, 2]
+    assert events_per_iteration(starts, ts[:8]).tolist() == [4, 2, 2]

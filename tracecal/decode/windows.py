@@ -59,6 +59,22 @@ def window_firsts(starts: Sequence[int], events: Sequence[int], budget: int) -> 
     return firsts
 
 
+def events_per_iteration(starts: Sequence[int], ts_ns: np.ndarray, missing: np.ndarray | None = None) -> np.ndarray:
+    """How many of the events starting at ``ts_ns`` each iteration holds: an event counts for the last
+    iteration starting at or before it, the first iteration when none does or when its time is
+    ``missing`` (mask, or None).
+
+    Args:
+        starts: the iterations' CPU starts, ascending.
+        ts_ns: some events' starts (any order; its values where ``missing`` are ignored).
+    """
+    position = np.searchsorted(np.asarray(starts, dtype=np.int64), ts_ns, side="right") - 1
+    np.maximum(position, 0, out=position)
+    if missing is not None:
+        position[missing] = 0
+    return np.bincount(position, minlength=len(starts))
+
+
 def crossing_windows(
     event_ids: np.ndarray, starts: np.ndarray, ends: np.ndarray, bounds: Sequence[int]
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -32,7 +32,13 @@ from tracecal.decode.iterations import DEFAULT_MARKER, MARKER_KINDS, iteration_w
 from tracecal.decode.link import GPU_KINDS, RUNTIME_KINDS
 from tracecal.decode.rank import DECODE_COLUMNS, RankDecode, decode_ranks
 from tracecal.decode.topology import group_topology
-from tracecal.decode.windows import RankWindow, crossing_windows, number_in_group, window_firsts
+from tracecal.decode.windows import (
+    RankWindow,
+    crossing_windows,
+    events_per_iteration,
+    number_in_group,
+    window_firsts,
+)
 from tracecal.errors import TraceFormatError
 from tracecal.ingest.discover import ParallelLayout
 from tracecal.schema import COLLECTIVES, ITERATIONS, OPERATORS
@@ -41,7 +47,6 @@ from tracecal.sql.loaders import (
     event_counts,
     event_names,
     events_by_id,
-    events_per_start,
     insert_frame,
     launch_lags,
     mark_run,
@@ -50,6 +55,7 @@ from tracecal.sql.loaders import (
     read_window_events,
     set_clock_offsets,
     window_intervals,
+    window_times,
 )
 
 
@@ -176,7 +182,7 @@ def _decode_in_windows(
     if its is None:
         return None
     starts = its.get_column("cpu_start_ns").to_list()
-    firsts = window_firsts(starts, events_per_start(con, run_id, rank, starts), WINDOW_EVENTS)
+    firsts = window_firsts(starts, _events_per_iteration(con, run_id, rank, starts), WINDOW_EVENTS)
     if len(firsts) < 2:
         return None
     bounds = [starts[f] for f in firsts[1:]]  # the CPU start of each window after the first
@@ -221,6 +227,16 @@ def _decode_in_windows(
         collectives=number_in_group(collectives, gpu=gpu_events > 0),
         iterations=pl.concat(iterations, how="vertical_relaxed"),
     )
+
+
+def _events_per_iteration(con: duckdb.DuckDBPyConnection, run_id: str, rank: int, starts: list[int]) -> list[int]:
+    """The rank's events per iteration of ``starts``, counted from their times a batch at a time."""
+    counts = np.zeros(len(starts), dtype=np.int64)
+    for batch in window_times(con, run_id, rank):
+        ts = batch.column("ts_ns")
+        missing = ts.is_null().to_numpy(zero_copy_only=False) if ts.null_count else None
+        counts += events_per_iteration(starts, ts.fill_null(0).to_numpy(), missing)
+    return counts.tolist()
 
 
 def _context_rows(

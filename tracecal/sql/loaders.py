@@ -264,14 +264,13 @@ def named_events(
     return _arrow(con, "decode_window_markers", params)
 
 
-def events_per_start(con: duckdb.DuckDBPyConnection, run_id: str, rank: int, starts: Sequence[int]) -> list[int]:
-    """Per start of ``starts`` (ascending), how many of the rank's events start at or after it and
-    before the next one (``queries/decode_window_sizes.sql``; events before the first count for it)."""
-    counts = [0] * len(starts)
-    params = {"run_id": run_id, "rank": rank, "starts": list(starts)}
-    for position, n in con.execute(_query("decode_window_sizes"), params).fetchall():
-        counts[position] = n
-    return counts
+def window_times(
+    con: duckdb.DuckDBPyConnection, run_id: str, rank: int, batch_rows: int = 1_000_000
+) -> pa.RecordBatchReader:
+    """One rank's ``ts_ns``, every event's, read ``batch_rows`` at a time (``queries/decode_window_times.sql``)."""
+    params = {"run_id": run_id, "rank": rank}
+    reader: pa.RecordBatchReader = con.sql(_query("decode_window_times"), params=params).to_arrow_reader(batch_rows)
+    return reader
 
 
 def launch_lags(
