@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from typing import cast
-
 import duckdb
 import polars as pl
 
 from tracecal.errors import PredictionError, RunNotFoundError
 from tracecal.predict import diff as dm
 from tracecal.predict.durations import DurationModel
-from tracecal.predict.store import QUERIES, load_iteration, predict_stored_run
-from tracecal.sql.connection import query_arrow
+from tracecal.predict.store import load_iteration, predict_stored_run
+from tracecal.sql.query_files import query_frame
 
 
 def diff_runs(con: duckdb.DuckDBPyConnection, run_a: str, run_b: str, by: str = "family") -> dm.Diff:
@@ -53,7 +51,7 @@ def _side(con: duckdb.DuckDBPyConnection, run: str, by: str) -> dm.Side:
         _, pred = predict_stored_run(con, run, mode="measured", store=False)
         return dm.component_side(run, pred.components)
     stored = load_iteration(con, run)  # the run exists and has a best iteration, or says why not
-    ops = cast(pl.DataFrame, pl.from_arrow(query_arrow(con, (QUERIES / "diff_operator_time.sql").read_text(), [run])))
+    ops = query_frame(con, "diff_operator_time", [run])
     if ops.height == 0:
         raise RunNotFoundError(f"run {run} has no operators in its best iteration; re-ingest it with trace-ingest")
     its = stored.measured_iteration_ns.select("rank", pl.col("measured_iteration_ns").alias("iteration_ns"))

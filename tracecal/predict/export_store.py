@@ -24,8 +24,9 @@ from tracecal.errors import InputNotFoundError, PredictionError, RunNotFoundErro
 from tracecal.predict import export as ex
 from tracecal.predict.durations import DurationModel
 from tracecal.predict.run import Prediction
-from tracecal.predict.store import QUERIES, predict_stored_run
+from tracecal.predict.store import predict_stored_run
 from tracecal.sql.connection import query_arrow
+from tracecal.sql.query_files import query_frame
 
 WHAT = ("measured", "predicted", "both")
 """What ``export_run`` writes: the stored timeline, the replayed one, or both side by side."""
@@ -183,10 +184,6 @@ def _check_output(output: Path, split_ranks: bool) -> None:
         raise InputNotFoundError(f"--output {output} is a directory")
 
 
-def _query(con: duckdb.DuckDBPyConnection, name: str, params: list) -> pl.DataFrame:
-    return cast(pl.DataFrame, pl.from_arrow(query_arrow(con, (QUERIES / f"{name}.sql").read_text(), params)))
-
-
 def _run_row(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
     frame = cast(pl.DataFrame, pl.from_arrow(query_arrow(con, "SELECT * FROM runs WHERE run_id = ?", [run_id])))
     if frame.height == 0:
@@ -209,7 +206,7 @@ def _ranks(con: duckdb.DuckDBPyConnection, run_id: str) -> pl.DataFrame:
 
 
 def _events(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int | None) -> pl.DataFrame:
-    return _query(con, "export_events", [run_id, iteration]).drop("run_id")
+    return query_frame(con, "export_events", [run_id, iteration]).drop("run_id")
 
 
 def _operator_predictions(prediction: Prediction) -> pl.DataFrame:

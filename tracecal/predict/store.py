@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import cast
 
 import duckdb
 import polars as pl
@@ -21,13 +19,7 @@ from tracecal.predict.durations import DurationModel
 from tracecal.predict.graph import ReplayInputs
 from tracecal.predict.run import Prediction, predict_iteration, result_tables
 from tracecal.schema import COMPONENTS, PREDICTIONS
-from tracecal.sql.connection import query_arrow
-
-QUERIES = Path(__file__).resolve().parents[1] / "sql" / "queries"
-
-
-def _query(con: duckdb.DuckDBPyConnection, name: str, params: list) -> pl.DataFrame:
-    return cast(pl.DataFrame, pl.from_arrow(query_arrow(con, (QUERIES / f"{name}.sql").read_text(), params)))
+from tracecal.sql.query_files import query_file, query_frame
 
 
 @dataclass(frozen=True)
@@ -61,21 +53,21 @@ def load_iteration(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int |
             f"no run {run_id!r} in the database (runs: {', '.join(known) or 'none'}); ingest it with trace-ingest"
         )
     if iteration is None:
-        best = _query(con, "predict_best_iteration", [run_id])
+        best = query_frame(con, "predict_best_iteration", [run_id])
         if best.height == 0:
             raise PredictionError(f"run {run_id} has no decoded iterations; re-ingest it with trace-ingest")
         iteration = int(best["iteration"][0])
-    ranks = _query(con, "predict_ranks", [run_id, iteration])
+    ranks = query_frame(con, "predict_ranks", [run_id, iteration])
     if ranks.height == 0:
         raise PredictionError(f"run {run_id} has no iteration {iteration}; see `tracecal iterations {run_id}`")
-    acts = _query(con, "predict_activities", [run_id, iteration])
+    acts = query_frame(con, "predict_activities", [run_id, iteration])
     if acts.height == 0:
         raise PredictionError(f"run {run_id} iteration {iteration} has no operators; was the run decoded?")
     acts = _with_optimizer_steps(con, run_id, iteration, acts)
-    colls = _query(con, "predict_collectives", [run_id, iteration])
+    colls = query_frame(con, "predict_collectives", [run_id, iteration])
     colls, paired = pair_unmatched_p2p(colls)
-    runtime = _query(con, "predict_runtime", [iteration, run_id])
-    carry_in = _query(con, "predict_stream_carry_in", [run_id, iteration])
+    runtime = query_frame(con, "predict_runtime", [iteration, run_id])
+    carry_in = query_frame(con, "predict_stream_carry_in", [run_id, iteration])
     return StoredIteration(
         run_id=run_id,
         iteration=iteration,
@@ -91,10 +83,10 @@ def _with_optimizer_steps(
     """``acts`` with ``in_trace.STEP_COLUMNS`` where an optimizer step ran (the annotation around the
     operator, the parameters the rank's step updates), so the predicted replay models a step whole;
     ``acts`` unchanged when the iteration has none."""
-    steps = _query(con, "predict_optimizer_steps", [run_id, iteration])
+    steps = query_frame(con, "predict_optimizer_steps", [run_id, iteration])
     if steps.height == 0:
         return acts
-    rows = query_arrow(con, (QUERIES / "run_parameters.sql").read_text(), [run_id]).to_pylist()
+    rows = query_file(con, "run_parameters", [run_id]).to_pylist()
     parameters = step_parameter_frame({run_id: parameter_groups(rows)}, acts.schema["rank"]).drop("run_id")
     steps = steps.cast({"rank": acts.schema["rank"], "event_id": acts.schema["event_id"]})
     joined = acts.join(steps, on=["rank", "event_id"], how="left", maintain_order="left")
@@ -194,7 +186,7 @@ def module_members(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int) 
     """The GPU activities of an iteration launched inside module frames (``module_scope_members``)."""
     from tracecal.decode.modules import ANY_MODULE
 
-    return _query(con, "module_scope_members", [run_id, iteration, ANY_MODULE])
+    return query_frame(con, "module_scope_members", [run_id, iteration, ANY_MODULE])
 
 
 def predict_stored_run(

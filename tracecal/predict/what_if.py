@@ -26,8 +26,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import cast
 
 import duckdb
 import numpy as np
@@ -35,9 +33,7 @@ import polars as pl
 
 from tracecal.predict.components import breakdown, rank_spans
 from tracecal.predict.run import Prediction
-from tracecal.sql.connection import query_arrow
-
-QUERIES = Path(__file__).resolve().parents[1] / "sql" / "queries"
+from tracecal.sql.query_files import query_frame
 
 COMPUTE_BOUND = ("gemm", "attention")
 """Families whose samples are compared by FLOP/s; every other compute family by bytes moved per s."""
@@ -93,8 +89,7 @@ class ClusterRatio:
 def sample_rates(con: duckdb.DuckDBPyConnection, source: str, target: str) -> pl.DataFrame:
     """``cluster_sample_rates.sql``: cluster, family, op, work, rate of every plausible sample of the
     two clusters."""
-    sql = (QUERIES / "cluster_sample_rates.sql").read_text()
-    return cast(pl.DataFrame, pl.from_arrow(query_arrow(con, sql, [source, target, list(COMPUTE_BOUND)])))
+    return query_frame(con, "cluster_sample_rates", [source, target, list(COMPUTE_BOUND)])
 
 
 PEAK_QUANTILE = 0.9

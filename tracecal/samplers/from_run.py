@@ -30,7 +30,6 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -42,11 +41,7 @@ from tracecal.decode.shapes import normalize_dtype, shape_row
 from tracecal.errors import RunNotFoundError, SampleError
 from tracecal.samplers.cases import DTYPE_BYTES, DTYPE_NAMES, INPLACE_OPS, OP_SPECS
 from tracecal.samplers.grid import GridPoint
-from tracecal.sql.connection import query_arrow
-
-QUERIES = Path(__file__).resolve().parents[1] / "sql" / "queries"
-QUERY = QUERIES / "run_op_shapes.sql"
-PARAMETERS = QUERIES / "run_parameters.sql"
+from tracecal.sql.query_files import query_file
 
 _ATTENTION_OPS = {
     "scaled_dot_product_attention": "aten::scaled_dot_product_attention",
@@ -361,7 +356,7 @@ def _cat(dims: list[Any], list_dtype: str | None) -> GridPoint | str:
 
 def parameter_groups(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[int, StepParameters]:
     """Per rank, the parameters its optimizer steps (``decode.parameters``) in the best iteration."""
-    return decoded_parameter_groups(query_arrow(con, PARAMETERS.read_text(), [run_id]).to_pylist())
+    return decoded_parameter_groups(query_file(con, "run_parameters", [run_id]).to_pylist())
 
 
 def _step_impl(ops: set[str]) -> str:
@@ -402,7 +397,7 @@ def run_points(con: duckdb.DuckDBPyConnection, run_id: str, dtypes: list[str] | 
             f"run {run_id!r} is not in the database ({'runs: ' + ', '.join(known) if known else 'no runs'}); "
             "ingest it first with trace-ingest RUN_DIR"
         )
-    rows = query_arrow(con, QUERY.read_text(), [run_id]).to_pylist()
+    rows = query_file(con, "run_op_shapes", [run_id]).to_pylist()
     if not any(r["cpu_op_name"] for r in rows):
         raise SampleError(f"run {run_id!r} has no compute operators (gemm, attention, ...) to sample")
     plan = RunPlan(run_id, training=any(r["phase"] == "bwd" for r in rows))

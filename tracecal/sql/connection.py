@@ -26,7 +26,7 @@ import hashlib
 import os
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
@@ -48,8 +48,11 @@ COMMENT ON TABLE tracecal_meta IS 'tracecal schema version and the tool version 
 """
 
 
-def query_arrow(con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None) -> pa.Table:
-    """Run one statement and return its rows as an Arrow table (empty for statements without rows)."""
+def query_arrow(
+    con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | Mapping[str, Any] | None = None
+) -> pa.Table:
+    """Run one statement with positional (``?``, ``$1``) or named (``$name``) ``params`` and return its
+    rows as an Arrow table (empty for statements without rows)."""
     relation = con.sql(sql, params=params)
     if relation is None:
         return pa.table({})

@@ -10,11 +10,10 @@ choose its headline (docs/workload.md#tracecal-demo).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import duckdb
 
-_QUERY = Path(__file__).parent / "queries" / "gpu_busy.sql"
+from tracecal.sql.query_files import query_text
 
 GPU_BOUND_SHARE = 0.85
 """A rank whose GPU is busy at least this share of the iteration is GPU-bound: its iteration time is
@@ -35,7 +34,7 @@ class GpuBusy:
 def gpu_busy(con: duckdb.DuckDBPyConnection, run_id: str) -> list[GpuBusy]:
     """Per rank (ascending), the GPU-busy share of ``run_id``'s best iteration; empty for a CPU-only
     run or one not in the database."""
-    rows = con.execute(_QUERY.read_text(), [run_id]).fetchall()
+    rows = con.execute(query_text("gpu_busy"), [run_id]).fetchall()
     return [GpuBusy(int(r[0]), int(r[1]), int(r[2]), int(r[3]), float(r[4])) for r in rows]
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -11,8 +10,7 @@ import pyarrow as pa
 
 from tracecal.errors import RunNotFoundError
 from tracecal.sql.connection import query_arrow
-
-_QUERIES = Path(__file__).parent / "queries"
+from tracecal.sql.query_files import query_file
 
 
 @dataclass(frozen=True)
@@ -49,8 +47,8 @@ def iteration_report(con: duckdb.DuckDBPyConnection, run_id: str) -> IterationRe
         known = [r[0] for r in con.execute("SELECT run_id FROM runs ORDER BY run_id LIMIT 5").fetchall()]
         hint = f" (known: {', '.join(known)})" if known else ""
         raise RunNotFoundError(f"run {run_id!r} is not in the database{hint}; list runs with: tracecal runs")
-    per = query_arrow(con, (_QUERIES / "iterations_per_iteration.sql").read_text(), [run_id])
-    clocks = query_arrow(con, (_QUERIES / "iterations_clocks.sql").read_text(), [run_id])
+    per = query_file(con, "iterations_per_iteration", [run_id])
+    clocks = query_file(con, "iterations_clocks", [run_id])
     stats = query_arrow(con, "SELECT * FROM iteration_stats WHERE run_id = ?", [run_id]).to_pylist()
     best = query_arrow(con, "SELECT * FROM best_iteration WHERE run_id = ?", [run_id]).to_pylist()
     missing = con.execute("SELECT count(*) FROM iterations WHERE run_id = ? AND marker IS NULL", [run_id]).fetchall()

@@ -9,10 +9,9 @@ import pyarrow as pa
 
 from tracecal.errors import TracecalError
 from tracecal.sql.connection import query_arrow
+from tracecal.sql.query_files import query_file
 
 OUTPUT_FORMATS = ("table", "csv", "json", "parquet")
-
-RUNS_QUERY_FILE = Path(__file__).parent / "queries" / "runs_overview.sql"
 
 
 class QueryError(TracecalError):
@@ -80,4 +79,4 @@ def result_as_csv(table: pa.Table) -> str:
 
 def list_runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
     """One row per run: ranks, events, span of the capture, format and source path."""
-    return query_arrow(con, RUNS_QUERY_FILE.read_text())
+    return query_file(con, "runs_overview")

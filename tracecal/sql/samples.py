@@ -27,8 +27,7 @@ from tracecal import __version__
 from tracecal.errors import InputNotFoundError, SampleError
 from tracecal.schema import SAMPLES, SCHEMA_VERSION, arrow_schema
 from tracecal.sql.connection import NEW_ROWS, query_arrow, replace_rows
-
-QUERIES_DIR = Path(__file__).parent / "queries"
+from tracecal.sql.query_files import query_file
 
 REQUIRED_COLUMNS = ("sample_id", "cluster", "family", "op", "direction", "source")
 """Columns a sample row must have non-NULL; every other column may be NULL (missing, never 0)."""
@@ -119,10 +118,6 @@ def write_samples(con: duckdb.DuckDBPyConnection, table: pa.Table, origin: str =
     return conformed.num_rows
 
 
-def _read_query(name: str) -> str:
-    return (QUERIES_DIR / name).read_text()
-
-
 def clusters(con: duckdb.DuckDBPyConnection) -> list[str]:
     """Clusters with at least one stored sample, sorted."""
     return [r[0] for r in con.execute("SELECT DISTINCT cluster FROM samples ORDER BY cluster").fetchall()]
@@ -149,7 +144,7 @@ def read_samples(
             f"no samples for cluster {cluster!r} ({where}); take some with `tracecal samples measure compute|comm` "
             "or `tracecal samples import DIR --cluster NAME --format gpumodeling25|parquet`"
         )
-    table = query_arrow(con, _read_query("samples_read.sql"), [cluster, family, direction, include_flagged])
+    table = query_file(con, "samples_read", [cluster, family, direction, include_flagged])
     frame = pl.from_arrow(table)
     assert isinstance(frame, pl.DataFrame)
     return frame
