@@ -17,9 +17,9 @@ from tracecal.samplers.comm import (
     parse_size,
     plan,
 )
-from tracecal.samplers.comm_launch import spawn_local, write_parquet
+from tracecal.samplers.comm_launch import spawn_local
 from tracecal.sql.connection import open_database
-from tracecal.sql.samples import import_parquet, write_samples
+from tracecal.sql.samples import import_parquet, write_samples, write_samples_parquet
 from tracecal.workload.launch import free_port
 
 
@@ -73,7 +73,7 @@ def test_every_collective_over_two_gloo_ranks(db_path: Path, tmp_path: Path) -> 
     assert spawn_local(settings, 2, frozenset(stored)).num_rows == 0
     # Parquet hand-over (what rank 0 writes under torchrun --output) loads with the sample store
     out = tmp_path / "comm.parquet"
-    write_parquet(table, out)
+    assert write_samples_parquet(table, out) == len(rows)
     assert pq.read_table(out).num_rows == len(rows)
     with open_database(tmp_path / "other.duckdb") as con:
         assert import_parquet(con, out) == len(rows)

@@ -24,6 +24,7 @@ from tracecal.sql.samples import (
     sample_id,
     samples_overview,
     write_samples,
+    write_samples_parquet,
 )
 
 
@@ -122,6 +123,31 @@ def test_parquet_round_trip_between_databases(tmp_path: Path) -> None:
         with pytest.raises(SampleError, match=r"holds no samples of cluster 'x' \(it holds: local\)"):
             import_parquet(con, out, cluster="x")
     assert moved.equals(original)
+
+
+def test_every_sample_file_carries_table_schema_and_tracecal_version(tmp_path: Path) -> None:
+    """An export and a sampler's hand-over file are written by one writer: the same metadata, and a
+    batch that does not conform leaves no file (not even a partial one)."""
+    from tracecal import __version__
+    from tracecal.schema import SCHEMA_VERSION
+
+    rows = _rows("local", [1, 2])
+    handed_over, exported = tmp_path / "sampler.parquet", tmp_path / "export.parquet"
+    assert write_samples_parquet(rows, handed_over) == 2
+    with open_database(tmp_path / "x.duckdb") as con:
+        write_samples(con, rows)
+        assert export_parquet(con, exported) == 2
+    for path in (handed_over, exported):
+        meta = pq.read_schema(path).metadata
+        assert (meta[b"tracecal.table"], meta[b"tracecal.schema_version"], meta[b"tracecal.version"]) == (
+            b"samples",
+            str(SCHEMA_VERSION).encode(),
+            __version__.encode(),
+        )
+    bad = tmp_path / "bad.parquet"
+    with pytest.raises(SampleError, match=f"{bad}: 2 rows have no cluster"):
+        write_samples_parquet(rows.drop_columns(["cluster"]), bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export.parquet", "sampler.parquet", "x.duckdb"]
 
 
 def test_import_parquet_bad_input(tmp_path: Path, db_path: Path) -> None:

@@ -162,8 +162,9 @@ def run_distributed(settings: CommSettings, backend: str, db: Path | None, outpu
         with open_database(db) as con:
             return write_samples(con, table, origin="comm sampler")
     assert output is not None
-    write_parquet(table, output)
-    return table.num_rows
+    from tracecal.sql.samples import write_samples_parquet
+
+    return write_samples_parquet(table, output)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -181,22 +182,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     if written is not None:
         sys.stderr.write(f"{written} comm samples written to {args.db or args.output} (cluster {settings.cluster})\n")
     return 0
-
-
-def write_parquet(table: pa.Table, path: Path) -> None:
-    """Write sample rows as a Parquet file ``tracecal samples import`` reads (atomically renamed)."""
-    import pyarrow.parquet as pq
-
-    from tracecal.schema import SCHEMA_VERSION
-    from tracecal.sql.samples import PARQUET_META_SCHEMA, PARQUET_META_TABLE, conform_samples
-
-    table = conform_samples(table, origin=str(path)).replace_schema_metadata(
-        {PARQUET_META_TABLE: b"samples", PARQUET_META_SCHEMA: str(SCHEMA_VERSION).encode()}
-    )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    try:
-        pq.write_table(table, partial)
-        partial.replace(path)
-    finally:
-        partial.unlink(missing_ok=True)

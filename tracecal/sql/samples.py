@@ -176,17 +176,42 @@ def flag_counts(con: duckdb.DuckDBPyConnection, cluster: str | None = None) -> p
     )
 
 
-def export_parquet(con: duckdb.DuckDBPyConnection, output: Path, cluster: str | None = None) -> int:
-    """Write the samples (of one cluster, or all) to ``output`` as Parquet; return the rows written.
+def write_samples_parquet(table: pa.Table, path: Path, origin: str | None = None) -> int:
+    """Write sample rows to ``path`` as the Parquet file ``import_parquet`` reads; return the rows written.
 
-    The file is written next to ``output`` and renamed into place, so a failure leaves no partial
-    file. Its metadata records the table, schema version and tracecal version.
+    The rows are conformed first (``conform_samples``, errors naming ``origin``, the path by
+    default). The file is written next to ``path`` and renamed into place, so a failure leaves no
+    partial file. Its metadata records the table, the schema version and the tracecal version.
+
+    Raises:
+        SampleError: the rows do not conform (nothing is written).
+    """
+    import pyarrow.parquet as pq
+
+    table = conform_samples(table, origin or str(path)).replace_schema_metadata(
+        {
+            PARQUET_META_TABLE: b"samples",
+            PARQUET_META_SCHEMA: str(SCHEMA_VERSION).encode(),
+            PARQUET_META_VERSION: __version__.encode(),
+        }
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".partial")
+    try:
+        pq.write_table(table, partial)
+        partial.replace(path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return table.num_rows
+
+
+def export_parquet(con: duckdb.DuckDBPyConnection, output: Path, cluster: str | None = None) -> int:
+    """Write the samples (of one cluster, or all) to ``output`` as Parquet (``write_samples_parquet``);
+    return the rows written.
 
     Raises:
         SampleError: there are no samples to export.
     """
-    import pyarrow.parquet as pq
-
     table = query_arrow(
         con,
         "SELECT * FROM samples WHERE $1::VARCHAR IS NULL OR cluster = $1 ORDER BY cluster, sample_id",
@@ -195,21 +220,7 @@ def export_parquet(con: duckdb.DuckDBPyConnection, output: Path, cluster: str | 
     if table.num_rows == 0:
         what = f"cluster {cluster!r}" if cluster else "any cluster"
         raise SampleError(f"no samples of {what} to export; `tracecal samples list` shows what is stored")
-    table = table.cast(arrow_schema(SAMPLES)).replace_schema_metadata(
-        {
-            PARQUET_META_TABLE: b"samples",
-            PARQUET_META_SCHEMA: str(SCHEMA_VERSION).encode(),
-            PARQUET_META_VERSION: __version__.encode(),
-        }
-    )
-    output.parent.mkdir(parents=True, exist_ok=True)
-    partial = output.with_name(output.name + ".partial")
-    try:
-        pq.write_table(table, partial)
-        partial.replace(output)
-    finally:
-        partial.unlink(missing_ok=True)
-    return table.num_rows
+    return write_samples_parquet(table, output)
 
 
 def parquet_files(path: Path) -> list[Path]:
