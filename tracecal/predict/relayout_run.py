@@ -1,6 +1,8 @@
 """Predict a stored run at another parallel layout: rebuild, decode and replay it with the same engine.
 
-The rebuilt iteration (``relayout.rebuild_at``) is stored in a scratch database of its own, decoded
+A decoded GPT-NeoX run is rebuilt by ``relayout.rebuild_at``; a traced run of the reference workload
+(``tracecal workload run``) by ``relayout_workload.rebuild_workload_at``, as a run folder of rank traces.
+The rebuilt iteration is stored in a scratch database of its own, decoded
 there by the same code as an ingest, loaded and replayed like any stored run (``predict_stored_run``),
 and summarised: the slowest stage's iteration, the throughput at the global batch the layout runs,
 its component split, its idle share, the share of CPU-side gaps kept as traced, and the
@@ -25,6 +27,7 @@ from tracecal.predict.components import COMPONENTS
 from tracecal.predict.durations import DurationModel
 from tracecal.predict.layouts import Layout
 from tracecal.predict.relayout import Relayout, rebuild_at
+from tracecal.predict.relayout_workload import RUN_JSON, WorkloadRelayout, read_config, rebuild_workload_at
 from tracecal.predict.run import Prediction, slack_report
 from tracecal.predict.store import predict_stored_run
 
@@ -59,13 +62,31 @@ class LayoutPrediction:
     gap_share: float | None
     uncovered: pl.DataFrame
     prediction: Prediction
-    relayout: Relayout
+    relayout: Relayout | WorkloadRelayout
     notes: list[str] = field(default_factory=list)
 
     @property
     def throughput(self) -> float:
         """Samples per second."""
         return self.samples / (self.iteration_ns / 1e9) if self.iteration_ns else 0.0
+
+
+def workload_run_dir(con: duckdb.DuckDBPyConnection, run_id: str) -> Path | None:
+    """The folder of a stored traced run of the reference workload (its ``run.json`` says so), else None.
+
+    Raises:
+        RunNotFoundError: no such run."""
+    row = con.execute("SELECT source_path, format FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    if row is None:
+        raise RunNotFoundError(f"no run {run_id!r} in the database; ingest it with trace-ingest")
+    folder = Path(row[0])
+    if row[1] == DECODED_FORMAT or not (folder / RUN_JSON).is_file():
+        return None
+    try:
+        read_config(folder)
+    except PredictionError:
+        return None
+    return folder
 
 
 def source_job(con: duckdb.DuckDBPyConnection, run_id: str) -> Path:
@@ -79,8 +100,9 @@ def source_job(con: duckdb.DuckDBPyConnection, run_id: str) -> Path:
         raise RunNotFoundError(f"no run {run_id!r} in the database; ingest it with trace-ingest")
     if row[1] != DECODED_FORMAT:
         raise PredictionError(
-            f"run {run_id} is a {row[1]} trace: --layout rebuilds decoded GPT-NeoX runs (their framework's "
-            "schedule and partition are known from the log); re-run the workload at the layout instead"
+            f"run {run_id} is a {row[1]} trace: --layout rebuilds decoded GPT-NeoX runs and runs of the reference "
+            "workload (`tracecal workload run`, whose run.json states the model), the frameworks whose schedule "
+            "and partition are known"
         )
     job = decoded_job_dir(Path(row[0]))
     if job is None:
@@ -89,9 +111,14 @@ def source_job(con: duckdb.DuckDBPyConnection, run_id: str) -> Path:
 
 
 def run_layout(con: duckdb.DuckDBPyConnection, run_id: str) -> Layout:
-    """The layout a stored decoded run ran at, from its log."""
+    """The layout a stored run ran at: from a decoded run's log, or a workload run's run.json."""
     from tracecal.ingest.neox_log import parse_neox_log
     from tracecal.predict.relayout import source_layout
+    from tracecal.predict.relayout_workload import source_layout as workload_layout
+
+    folder = workload_run_dir(con, run_id)
+    if folder is not None:
+        return workload_layout(read_config(folder)[0])
 
     logs = sorted(source_job(con, run_id).glob("*.log"))
     if not logs:
@@ -133,6 +160,9 @@ def predict_layout(
     from tracecal.decode.consistency import misaligned_ops
     from tracecal.pipeline.ingest import ingest_rebuilt_run
 
+    folder = workload_run_dir(con, run_id)
+    if folder is not None:
+        return _predict_workload_layout(con, run_id, folder, target, mode, model, gpus, replay, work_dir)
     job = source_job(con, run_id)
     rebuilt, plan = rebuild_at(job, target, misaligned=misaligned_ops, gpus=gpus)
     new_id = f"{run_id}@{plan.layout.text}"
@@ -143,7 +173,47 @@ def predict_layout(
     return summarise(run_id, plan, pred, rebuilt.notes)
 
 
-def summarise(run_id: str, plan: Relayout, pred: Prediction, notes: list[str]) -> LayoutPrediction:
+def _predict_workload_layout(
+    con: duckdb.DuckDBPyConnection,
+    run_id: str,
+    folder: Path,
+    target: Layout,
+    mode: str,
+    model: DurationModel | None,
+    gpus: int | None,
+    replay: str,
+    work_dir: Path | None,
+) -> LayoutPrediction:
+    """A workload run rebuilt at ``target`` from its best iteration, ingested and replayed in a scratch
+    database."""
+    from tracecal.pipeline.ingest import IngestOptions, ingest_runs
+    from tracecal.predict.relayout_workload import PARTITION_RULE, source_layout, target_config
+
+    cfg = read_config(folder)[0]
+    new = target_config(cfg, target, gpus=gpus)
+    if (new.pp, new.tp, new.dp, new.micro_batches, new.micro_batch_size) == (
+        cfg.pp, cfg.tp, cfg.dp, cfg.micro_batches, cfg.micro_batch_size
+    ):  # fmt: skip
+        # its own layout: the run as traced, the graph today's predict replays
+        _, pred = predict_stored_run(con, run_id, mode=mode, model=model, store=False, replay=replay, compare=False)
+        own = WorkloadRelayout(
+            folder, cfg, source_layout(cfg), source_layout(cfg), [cfg.layers_per_stage] * cfg.pp, PARTITION_RULE,
+            ["the run's own layout: its trace is replayed as traced"],
+        )  # fmt: skip
+        return summarise(run_id, own, pred, own.notes)
+    best = con.execute("SELECT iteration FROM best_iteration WHERE run_id = ?", [run_id]).fetchone()
+    new_id = f"{run_id}@{target.text}"
+    with (
+        scratch_database(work_dir) as scratch,
+        tempfile.TemporaryDirectory(prefix="tracecal-run-", dir=work_dir) as out,
+    ):
+        plan = rebuild_workload_at(folder, target, Path(out) / new_id, step=best[0] if best else None, gpus=gpus)
+        ingest_runs(scratch, [plan.out_dir], IngestOptions(run_id=new_id, workers=1))
+        _, pred = predict_stored_run(scratch, new_id, mode=mode, model=model, store=False, replay=replay, compare=False)
+    return summarise(run_id, plan, pred, plan.notes)
+
+
+def summarise(run_id: str, plan: Relayout | WorkloadRelayout, pred: Prediction, notes: list[str]) -> LayoutPrediction:
     """The iteration, throughput, split, idle and gap shares and uncovered operators of a replay."""
     it = pred.components.filter(pl.col("component") == "iteration").sort("predicted_ns", descending=True)
     slow = it.row(0, named=True)

@@ -10,6 +10,8 @@ A recorded ``Input Dims`` list is rewritten dimension by dimension, from the mod
   value is both a split size and an unsplit one (``4h / 4 = h``), a GEMM still splits exactly one:
   the one that is unambiguously split if there is one, else n, k, m in that order (either choice
   has the same flops); other operators keep the unsplit reading;
+* **attention** (``scaled_dot_product_attention`` and its backward): a 4-D tensor is
+  ``[b, a/t, l, d]``: axis 1 is the heads and axis 0 the micro-batch, whatever else the values equal;
 * **micro-batch size** (the token dimension): ``b·l`` becomes ``b'·l``, and ``b`` beside ``l`` in the
   same tensor becomes ``b'``.
 
@@ -22,6 +24,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from math import ceil, prod
+
+ATTENTION_OP = "scaled_dot_product"
+"""Operators (forward and backward) whose 4-D tensors are ``[batch, heads, seq, head_dim]``."""
 
 GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")
 """Operators whose dimensions are GEMM roles (m, k, n, batch)."""
@@ -42,6 +47,9 @@ class ModelDims:
     vocab_multiple: int
     tp: int
     micro_batch_size: int
+    replicated: tuple[int, ...] = ()
+    """Sizes every tensor-parallel rank holds whole besides ``h`` and the tokens (a vocabulary that is
+    not split, the micro-batch size): a split size equal to one of them is ambiguous."""
 
     def at(self, tp: int, micro_batch_size: int) -> ModelDims:
         """The same model at another tensor-parallel size and micro-batch size (vocabulary re-padded)."""
@@ -49,7 +57,17 @@ class ModelDims:
         if vocab is not None:
             step = self.vocab_multiple * tp
             vocab = ceil(vocab / step) * step
-        return ModelDims(self.hidden, self.heads, self.seq, self.ffn, vocab, self.vocab_multiple, tp, micro_batch_size)
+        return ModelDims(
+            self.hidden,
+            self.heads,
+            self.seq,
+            self.ffn,
+            vocab,
+            self.vocab_multiple,
+            tp,
+            micro_batch_size,
+            self.replicated,
+        )
 
     def split_sizes(self) -> dict[str, int | None]:
         """Per split quantity, its size on one tensor-parallel rank (None where it does not divide)."""
@@ -66,7 +84,7 @@ class ModelDims:
 
     def unsplit_sizes(self) -> set[int]:
         """Sizes that occur unsplit on a tensor-parallel rank (the ambiguity set of ``split_sizes``)."""
-        return {self.hidden, self.seq, self.micro_batch_size * self.seq}
+        return {self.hidden, self.seq, self.micro_batch_size * self.seq, *self.replicated}
 
 
 @dataclass(frozen=True)
@@ -162,6 +180,13 @@ def rewrite_dims(op: str | None, dims: list, m: ShapeMap) -> list:
                 v = dims[t][a]
                 out[t][a] = m.split[v] if role in chosen else _token(v, dims[t], a, m)
                 fixed.add((t, a))
+    if op and ATTENTION_OP in op:
+        # heads are axis 1 of a 4-D attention tensor, whatever else their value could be
+        for t, tensor in enumerate(dims):
+            if isinstance(tensor, list) and len(tensor) == 4 and tensor[1] in m.split:
+                out[t][1] = m.split[tensor[1]]
+                out[t][0] = m.batch[1] if tensor[0] == m.batch[0] else tensor[0]
+                fixed.update((t, a) for a in range(4))
     for t, tensor in enumerate(dims):
         if not isinstance(tensor, list):
             continue

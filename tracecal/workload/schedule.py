@@ -24,13 +24,14 @@ from torch.autograd.profiler import record_function
 
 from tracecal.workload.model import GPTStage
 from tracecal.workload.parallel import ParallelState
-
-SEND_ACTIVATIONS = "_exec_send_activations"
-RECV_ACTIVATIONS = "_exec_recv_activations"
-SEND_GRADS = "_exec_send_grads"
-RECV_GRADS = "_exec_recv_grads"
-FORWARD = "## forward ##"
-BACKWARD = "## backward ##"
+from tracecal.workload.pipeline_order import (  # the scope names, declared with the pure order
+    BACKWARD,
+    FORWARD,
+    RECV_ACTIVATIONS,
+    RECV_GRADS,
+    SEND_ACTIVATIONS,
+    SEND_GRADS,
+)
 
 
 class _P2P:
