@@ -161,3 +161,22 @@ def test_a_timing_method_the_device_cannot_use_fails_before_anything_is_written(
         with pytest.raises(SampleError, match="--timing cuda_events cannot time on cpu"):
             sample_compute(con, _gemm_points()[:1], ComputeSettings(cluster="c", timing="cuda_events"))
         assert con.execute("SELECT count(*) FROM samples").fetchall() == [(0,)]
+
+
+def test_every_sampler_builds_its_rows_with_one_builder() -> None:
+    """``sample_row`` gives every ``samples`` column, the repeats' statistics and where the sample was
+    taken; a column the table does not have is refused instead of silently dropped on write."""
+    from tracecal.samplers.rows import SOURCE, sample_row
+    from tracecal.samplers.timing import SamplerEnv
+    from tracecal.schema import SAMPLES
+
+    env = SamplerEnv("cpu x", "host1", "2.13.0", None, None)
+    identity = dict(sample_id="s1", cluster="c", family="optimizer", op="adam", direction="fwd", source_file="g")
+    columns = {"params": 10, "timing": "wall"}
+    row = sample_row(env, **identity, durations_ns=[4.0, 1.0, 2.0, 3.0], params={"warmup": 1}, columns=columns)
+    assert list(row) == SAMPLES.column_names
+    assert (row["median_ns"], row["min_ns"], row["repeats"], row["params"], row["m"]) == (2.5, 1.0, 4, 10, None)
+    assert (row["device_name"], row["host"], row["torch_version"]) == ("cpu x", "host1", "2.13.0")
+    assert (row["source"], row["params_json"], row["timing"]) == (SOURCE, '{"warmup":1}', "wall")
+    with pytest.raises(KeyError, match="not samples columns: rows"):
+        sample_row(env, **identity, durations_ns=[1.0], params={}, columns={"rows": 3})

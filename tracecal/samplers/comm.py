@@ -37,17 +37,16 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pyarrow as pa
 import yaml
 
 from tracecal.errors import SampleError
 from tracecal.samplers.grid import CONFIG_DIR, dim_values
-from tracecal.samplers.timing import cpu_name, summarize
+from tracecal.samplers.rows import SOURCE, sample_row
+from tracecal.samplers.timing import SamplerEnv, cpu_name
 from tracecal.schema import SAMPLES, arrow_schema
 from tracecal.sql.samples import sample_id
 
@@ -55,7 +54,6 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broa
 """Collectives the sampler runs; ``send`` is a rank-0 → last-rank send/recv pair (stored as ``send``,
 the name of the sending side in the ``collectives`` table)."""
 
-SOURCE = "sampler"
 ELEMENT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -275,6 +273,7 @@ def run_rank(settings: CommSettings, skip_ids: frozenset[str] = frozenset()) -> 
     names = [device_name]
     dist.broadcast_object_list(names, src=0)
     device_name = names[0]
+    env = SamplerEnv(device_name, socket.gethostname(), torch.__version__, torch.version.cuda if cuda else None, nccl)
     dtype, es = getattr(torch, settings.dtype), ELEMENT_BYTES[settings.dtype]
     rows: list[dict[str, Any]] = []
     seen: set[Topology] = set()
@@ -294,7 +293,7 @@ def run_rank(settings: CommSettings, skip_ids: frozenset[str] = frozenset()) -> 
                 facts: dict[str, Any] = {"group": spec, "concurrent_groups": concurrent, "world_size": world}
                 if coll == "send":
                     facts.update(src=members[0], dst=members[-1])
-                rows.append(_row(settings, coll, size, sid, topo, durations, device_name, backend, nccl, facts))
+                rows.append(_row(settings, coll, size, sid, topo, durations, env, backend, facts))
             del call
     if rank != 0:
         return None
@@ -339,44 +338,30 @@ def _row(
     sid: str,
     topo: Topology,
     durations: list[float],
-    device_name: str,
+    env: SamplerEnv,
     backend: str,
-    nccl: str | None,
     facts: dict[str, Any],
 ) -> dict[str, Any]:
-    import torch
-
-    stats = summarize(durations)
-    params = {"backend": backend, "warmup": s.warmup, **facts}
-    row: dict[str, Any] = {name: None for name in SAMPLES.column_names}
-    row.update(
+    return sample_row(
+        env,
         sample_id=sid,
         cluster=s.cluster,
-        device_name=device_name,
-        host=socket.gethostname(),
         family="comm",
         op=coll,
         direction="fwd",
-        dtype=s.dtype,
-        io_bytes=float(size),
-        collective=coll,
-        size_bytes=size,
-        group_size=topo.group_size,
-        nodes=topo.nodes,
-        gpus_per_node=topo.gpus_per_node,
-        median_ns=stats.median_ns,
-        min_ns=stats.min_ns,
-        iqr_ns=stats.iqr_ns,
-        repeats=stats.repeats,
-        source=SOURCE,
+        durations_ns=durations,
+        params={"backend": backend, "warmup": s.warmup, **facts},
         source_file=s.source_file,
-        params_json=msgspec.json.encode(params).decode(),
-        torch_version=torch.__version__,
-        cuda_version=torch.version.cuda if backend == "nccl" else None,
-        nccl_version=nccl,
-        sampled_at=datetime.now(timezone.utc).replace(tzinfo=None),
+        columns={
+            "dtype": s.dtype,
+            "io_bytes": float(size),
+            "collective": coll,
+            "size_bytes": size,
+            "group_size": topo.group_size,
+            "nodes": topo.nodes,
+            "gpus_per_node": topo.gpus_per_node,
+        },
     )
-    return row
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 import duckdb
@@ -29,6 +28,7 @@ from tracecal.errors import SampleError
 from tracecal.samplers import cases
 from tracecal.samplers.concurrent import measure_concurrently
 from tracecal.samplers.grid import GridPoint
+from tracecal.samplers.rows import SOURCE, sample_row
 from tracecal.samplers.timing import (
     SamplerEnv,
     check_timing,
@@ -41,9 +41,6 @@ from tracecal.samplers.timing import (
 )
 from tracecal.schema import SAMPLES, arrow_schema
 from tracecal.sql.samples import existing_sample_ids, sample_id, write_samples
-
-SOURCE = "sampler"
-"""``samples.source`` of every row this sampler writes."""
 
 Progress = Callable[[int, int, str], None]
 
@@ -297,7 +294,6 @@ def _measure(
         durations = time_call(built.run, settings.device, settings.warmup, settings.repeats, method=timing)
     except (RuntimeError, NotImplementedError) as exc:  # dtype/op unsupported here, or out of memory
         return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-    stats = summarize(durations)
     input_dims, input_types, concrete = cases.trace_record(point)
     params: dict[str, Any] = {
         "dims": cases.resolved_dims(point),
@@ -320,28 +316,17 @@ def _measure(
     params.update(built.params)
     if extra_params is not None:
         params.update(extra_params(point))
-    row: dict[str, Any] = {name: None for name in SAMPLES.column_names}
-    row.update(cases.shape_columns(point))
-    row[_DURATIONS] = durations
-    row.update(
+    row = sample_row(
+        env,
         sample_id=sid,
         cluster=settings.cluster,
-        device_name=env.device_name,
-        host=env.host,
         family=point.family,
         op=point.op,
         direction=point.direction,
-        median_ns=stats.median_ns,
-        min_ns=stats.min_ns,
-        iqr_ns=stats.iqr_ns,
-        repeats=stats.repeats,
-        source=SOURCE,
+        durations_ns=durations,
+        params=params,
         source_file=settings.source_file,
-        timing=timing,
-        params_json=msgspec.json.encode(params).decode(),
-        torch_version=env.torch_version,
-        cuda_version=env.cuda_version,
-        nccl_version=env.nccl_version,
-        sampled_at=datetime.now(timezone.utc).replace(tzinfo=None),
+        columns={**cases.shape_columns(point), "timing": timing},
     )
+    row[_DURATIONS] = durations
     return row

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from tracecal.decode.shapes import DTYPE_BYTES, shape_row
-from tracecal.samplers.compute import SOURCE
+from tracecal.samplers.rows import SOURCE
 from tracecal.schema import SAMPLES, SHAPE_COLUMNS, arrow_schema
 
 RECORD_KEYS = ("input_dims", "input_types", "concrete_inputs")
