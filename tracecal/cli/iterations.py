@@ -3,13 +3,11 @@ decoded runs that carry a GPT-NeoX log."""
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Any
 
 import typer
 
 from tracecal.cli.common import DbOption, render_arrow, render_rows, stdout, user_errors, warn
-from tracecal.config import Settings
 
 
 def _ms(ns: float | None) -> str:
@@ -18,17 +16,6 @@ def _ms(ns: float | None) -> str:
 
 def _s(value: float | None) -> str:
     return "" if value is None else f"{value:.2f}"
-
-
-def _run_metadata(con: Any, run: str) -> dict[str, Any]:
-    rows = con.execute("SELECT metadata_json FROM runs WHERE run_id = ?", [run]).fetchall()
-    if not rows or not rows[0][0]:
-        return {}
-    try:
-        metadata = json.loads(rows[0][0])
-    except json.JSONDecodeError:
-        return {}
-    return metadata if isinstance(metadata, dict) else {}
 
 
 def _render_table8(run: str, t8: dict[str, Any]) -> None:
@@ -73,17 +60,13 @@ def iterations(
 ) -> None:
     """Per-iteration times (slowest rank), min/max/mean/std, the best iteration, clock offsets and residual skew;
     for a run stored with its GPT-NeoX log, the Table 8 row (profiled iterations, seconds) and each figure's source."""
-    from tracecal.ingest.gpumodeling25_tables import NEOX_LOG_KEY, table8_from_metadata
-    from tracecal.sql.connection import open_database
-    from tracecal.sql.iterations import iteration_report
+    from tracecal.api import Session
 
     with user_errors():
-        settings = Settings.resolve(db)
-        with open_database(settings.db_path, read_only=True) as con:
-            report = iteration_report(con, run)
-            metadata = _run_metadata(con, run)
-        if NEOX_LOG_KEY in metadata:
-            _render_table8(run, table8_from_metadata(metadata))
+        full = Session(db).iterations_report(run)
+        report = full.report
+        if full.table8 is not None:
+            _render_table8(run, full.table8)
             if report.iterations.num_rows == 0:
                 return
         if report.iterations.num_rows == 0:

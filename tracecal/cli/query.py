@@ -8,7 +8,6 @@ from typing import Annotated
 import typer
 
 from tracecal.cli.common import Col, DbOption, render_arrow, stdout, user_errors
-from tracecal.config import Settings
 from tracecal.errors import InputNotFoundError
 
 
@@ -23,8 +22,8 @@ def sql(
 ) -> None:
     """Run SQL on the database (read-only unless --write). Tables: runs, ranks, events, operators,
     collectives, iterations, samples, models, predictions, components; views: see README."""
-    from tracecal.sql.connection import open_database
-    from tracecal.sql.query import OUTPUT_FORMATS, QueryError, result_as_csv, result_as_json, run_query, write_result
+    from tracecal.api import Session
+    from tracecal.sql.query import OUTPUT_FORMATS, QueryError, result_as_csv, result_as_json, write_result
 
     with user_errors():
         if (query is None) == (file is None):
@@ -36,9 +35,7 @@ def sql(
             raise QueryError(f"unknown --format {fmt!r}; use one of {', '.join(OUTPUT_FORMATS)}")
         if fmt == "parquet" and output is None:
             raise QueryError("--format parquet needs --output PATH")
-        settings = Settings.resolve(db)
-        with open_database(settings.db_path, read_only=not write, cache_dir=settings.cache_dir) as con:
-            result = run_query(con, text)
+        result = Session(db).sql_arrow(text, write=write)
         if output is not None:
             write_result(result, "csv" if fmt == "table" else fmt, output)
             stdout.print(f"wrote {result.num_rows} rows to {output}")
@@ -52,19 +49,15 @@ def sql(
 
 def runs(db: DbOption = None) -> None:
     """List ingested runs with ranks, events, capture span and source."""
-    from tracecal.sql.connection import open_database
-    from tracecal.sql.query import list_runs
+    from tracecal.api import Session
 
     with user_errors():
-        settings = Settings.resolve(db)
-        with open_database(settings.db_path, read_only=True) as con:
-            table = list_runs(con)
+        session = Session(db)
+        table = session.runs().to_arrow()
         if table.num_rows == 0:
-            stdout.print(f"no runs in {settings.db_path}; ingest one with: trace-ingest RUN_DIR")
+            stdout.print(f"no runs in {session.db_path}; ingest one with: trace-ingest RUN_DIR")
             return
-        render_arrow(
-            f"runs in {settings.db_path}", table.select([c.header for c in RUNS_COLUMNS]), columns=RUNS_COLUMNS
-        )
+        render_arrow(f"runs in {session.db_path}", table.select([c.header for c in RUNS_COLUMNS]), columns=RUNS_COLUMNS)
 
 
 RUNS_COLUMNS = [

@@ -1,0 +1,655 @@
+"""`Session`: the steps behind each CLI command, on one database, returning polars DataFrames.
+
+A method named like a command returns that command's main table as a DataFrame; where the command
+shows more than one table, a ``*_report`` method beside it returns everything the command renders
+(the CLI calls that one). Methods open the database for the length of one call, as each CLI command
+does, so a session never holds DuckDB's write lock between calls. Nothing here prints: failures are
+`TracecalError` subclasses with one actionable line, warnings travel in the returned reports, and long
+steps take an optional ``progress`` callback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from tracecal.config import Settings, model_store_dir
+from tracecal.errors import InputNotFoundError, PredictionError, RunNotFoundError, SampleError, TracecalError
+
+if TYPE_CHECKING:  # the cores load when a method runs: `import tracecal` stays quick
+    import duckdb
+    import polars as pl
+    import pyarrow as pa
+
+    from tracecal.calibrate import Calibration
+    from tracecal.ingest.discover import ParallelLayout
+    from tracecal.pipeline.ingest import IngestReport, Progress
+    from tracecal.predict.diff import Diff
+    from tracecal.predict.durations import DurationModel
+    from tracecal.predict.export_store import ExportResult
+    from tracecal.predict.run import Prediction
+    from tracecal.predict.search import SearchResult
+    from tracecal.predict.store import StoredIteration
+    from tracecal.sql.iterations import IterationReport
+
+Mode = Literal["measured", "predicted", "scaled"]
+
+
+def open(db: str | Path | None = None) -> Session:
+    """A session on the database at ``db`` (default: ``$TRACECAL_DB``, else ``./tracecal.duckdb``)."""
+    return Session(db)
+
+
+def resolve_mode(mode: str | None, cluster: str | None, scale: Sequence[str]) -> str:
+    """The replay mode a command runs in: the one given, else predicted with a cluster, scaled with
+    ``--scale`` factors, else measured."""
+    if mode is not None:
+        return mode
+    if cluster:
+        return "predicted"
+    return "scaled" if scale else "measured"
+
+
+@dataclass(frozen=True)
+class IterationsReport:
+    """What `tracecal iterations RUN` shows: the per-iteration report and, for a decoded run stored
+    with its GPT-NeoX log, the Table 8 figures (``None`` otherwise)."""
+
+    report: IterationReport
+    table8: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class PredictReport:
+    """What `tracecal predict RUN` shows. ``table``: rank, component, measured_ms, predicted_ms, error_pct,
+    covered_share, dependency_error_pct, unexplained_pct (with ``attribute``, the attribution's parts).
+    ``what_if``: the prediction changes the traced run (another cluster, node size or scale), so its
+    difference to the measurement is a change, not an error."""
+
+    run: str
+    mode: str
+    cluster: str | None
+    table: pl.DataFrame
+    prediction: Prediction
+    stored: StoredIteration
+    what_if: bool
+    decoded: bool
+    source_cluster: str | None
+    gpus_per_node: int | None
+    gpus_per_node_source: str | None
+    ratios: dict[str, Any]
+    attribution: pl.DataFrame | None
+
+
+class Session:
+    """One database. Each method mirrors a CLI command; `tracecal.api.commands.COMMAND_METHODS` maps them."""
+
+    def __init__(self, db: str | Path | None = None) -> None:
+        self.settings = Settings.resolve(None if db is None else Path(db))
+
+    @property
+    def db_path(self) -> Path:
+        return self.settings.db_path
+
+    @property
+    def model_dir(self) -> Path:
+        """Where `calibrate` stores the cluster models: ``<db stem>.models/`` beside the database."""
+        return model_store_dir(self.db_path)
+
+    def __repr__(self) -> str:
+        return f"tracecal.open({str(self.db_path)!r})"
+
+    @contextmanager
+    def connect(self, *, read_only: bool = False, threads: int | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """The database for one step (created with the current schema when it does not exist yet; read-only:
+        `InputNotFoundError` when it does not)."""
+        from tracecal.sql.connection import open_database
+
+        with open_database(
+            self.db_path, read_only=read_only, cache_dir=self.settings.cache_dir, threads=threads
+        ) as con:
+            yield con
+
+    # -- sql, runs, iterations ------------------------------------------------------------------
+
+    def sql(self, query: str, *, write: bool = False) -> pl.DataFrame:
+        """`tracecal sql`: the result of the last statement of ``query`` (read-only unless ``write``)."""
+        import polars as pl
+
+        return pl.from_arrow(self.sql_arrow(query, write=write))  # type: ignore[return-value]
+
+    def sql_arrow(self, query: str, *, write: bool = False) -> pa.Table:
+        """`sql` as DuckDB's own Arrow table (its column types kept exactly, as `tracecal sql` writes them)."""
+        from tracecal.sql.query import run_query
+
+        with self.connect(read_only=not write) as con:
+            return run_query(con, query)
+
+    def sql_file(self, path: str | Path, *, write: bool = False) -> pl.DataFrame:
+        """`tracecal sql --file PATH`."""
+        path = Path(path)
+        if not path.is_file():
+            raise InputNotFoundError(f"SQL file {path} does not exist")
+        return self.sql(path.read_text(), write=write)
+
+    def runs(self) -> pl.DataFrame:
+        """`tracecal runs`: run_id, format, layout, ranks, world_size, events, span_ms, cluster, ingested_at,
+        source_path (empty when nothing is ingested)."""
+        import polars as pl
+
+        from tracecal.sql.query import list_runs
+
+        with self.connect(read_only=True) as con:
+            return pl.from_arrow(list_runs(con))  # type: ignore[return-value]
+
+    def iterations(self, run: str) -> pl.DataFrame:
+        """`tracecal iterations RUN`: one row per iteration (its time on the slowest rank)."""
+        import polars as pl
+
+        return pl.from_arrow(self.iterations_report(run).report.iterations)  # type: ignore[return-value]
+
+    def iterations_report(self, run: str) -> IterationsReport:
+        """Everything `tracecal iterations RUN` shows: statistics, best iteration, clock offsets, Table 8."""
+        from tracecal.ingest.gpumodeling25_tables import NEOX_LOG_KEY, table8_from_metadata
+        from tracecal.sql.iterations import iteration_report
+
+        with self.connect(read_only=True) as con:
+            report = iteration_report(con, run)
+            metadata = _run_metadata(con, run)
+        table8 = table8_from_metadata(metadata) if NEOX_LOG_KEY in metadata else None
+        return IterationsReport(report, table8)
+
+    # -- ingest ---------------------------------------------------------------------------------
+
+    def ingest_report(
+        self,
+        paths: str | Path | Sequence[str | Path],
+        *,
+        run_id: str | None = None,
+        workers: int | None = None,
+        on_error: str = "raise",
+        cluster: str | None = None,
+        layout: ParallelLayout | None = None,
+        iteration_marker: str | None = None,
+        dask: str | None = None,
+        shard_dir: str | Path | None = None,
+        progress: Callable[[Progress], None] | None = None,
+    ) -> IngestReport:
+        """`trace-ingest PATH...`: find each run's rank traces, parse, decode and store them (one transaction
+        per run; re-ingesting replaces). ``progress`` gets a `pipeline.ingest.Progress` after each file."""
+        import os
+
+        from tracecal.ingest.discover import ParallelLayout
+        from tracecal.pipeline.ingest import INGEST_THREADS, IngestOptions, ingest_runs
+
+        if on_error not in ("raise", "skip"):
+            raise TracecalError(f"on_error must be raise or skip, not {on_error!r}")
+        if iteration_marker is not None:
+            try:
+                re.compile(iteration_marker)
+            except re.error as exc:
+                raise TracecalError(f"iteration marker {iteration_marker!r} is not a valid regex: {exc}") from exc
+        if dask is not None:
+            _check_dask_installed()
+        runs = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+        options = IngestOptions(
+            run_id=run_id,
+            workers=workers or os.cpu_count() or 1,
+            on_error="skip" if on_error == "skip" else "raise",
+            cluster=cluster,
+            iteration_marker=iteration_marker,
+            layout=layout or ParallelLayout(),
+            dask=dask,
+            shard_dir=Path(shard_dir) if shard_dir is not None else self.db_path.absolute().parent,
+        )
+        with self.connect(threads=INGEST_THREADS) as con:
+            return ingest_runs(con, runs, options, progress=progress)
+
+    def ingest(
+        self,
+        paths: str | Path | Sequence[str | Path],
+        *,
+        cluster: str | None = None,
+        pp: int | None = None,
+        tp: int | None = None,
+        dp: int | None = None,
+        nodes: int | None = None,
+        gpus_per_node: int | None = None,
+        **options: Any,
+    ) -> pl.DataFrame:
+        """`trace-ingest PATH...` returning one row per run stored: run_id, format, ranks, world_size,
+        files, events, kernels, seconds, mb_per_s, warnings. Other options as `ingest_report`."""
+        import polars as pl
+
+        from tracecal.ingest.discover import ParallelLayout
+
+        layout = ParallelLayout(pp=pp, tp=tp, dp=dp, nodes=nodes, gpus_per_node=gpus_per_node)
+        report = self.ingest_report(paths, cluster=cluster, layout=layout, **options)
+        if not report.runs:
+            why = "; ".join(f"{s.path}: {s.reason}" for s in report.skipped) or "no trace files found"
+            raise InputNotFoundError(f"nothing ingested ({why})")
+        return pl.DataFrame(
+            [
+                {
+                    "run_id": r.run_id,
+                    "format": r.format,
+                    "ranks": r.ranks,
+                    "world_size": r.world_size,
+                    "files": r.files_read,
+                    "events": r.events,
+                    "kernels": r.kernels,
+                    "seconds": r.seconds,
+                    "mb_per_s": r.mb_per_s,
+                    "warnings": len(r.warnings) + len(r.skipped),
+                }
+                for r in report.runs
+            ]
+        )
+
+    # -- predict, validate ----------------------------------------------------------------------
+
+    def duration_model(self, con: duckdb.DuckDBPyConnection, cluster: str) -> DurationModel:
+        """The calibrated models of ``cluster`` (the error says to run `calibrate` when there are none)."""
+        from tracecal.predict.models import load_duration_model
+
+        return load_duration_model(con, self.model_dir, cluster)
+
+    def predict(
+        self,
+        run: str,
+        *,
+        cluster: str | None = None,
+        mode: Mode | None = None,
+        scale: Sequence[str] = (),
+        iteration: int | None = None,
+        replay: str = "fitted",
+        gpus_per_node: int | None = None,
+        attribute: bool = False,
+    ) -> pl.DataFrame:
+        """`tracecal predict RUN`: measured vs predicted time per rank and component (see `predict_report`)."""
+        return self.predict_report(
+            run, cluster=cluster, mode=mode, scale=scale, iteration=iteration, replay=replay,
+            gpus_per_node=gpus_per_node, attribute=attribute,
+        ).table  # fmt: skip
+
+    def predict_report(
+        self,
+        run: str,
+        *,
+        cluster: str | None = None,
+        mode: Mode | str | None = None,
+        scale: Sequence[str] = (),
+        iteration: int | None = None,
+        replay: str = "fitted",
+        gpus_per_node: int | None = None,
+        attribute: bool = False,
+    ) -> PredictReport:
+        """Replay RUN's best iteration (or ``iteration``) across all ranks and store the prediction in the
+        predictions and components tables. Mode as `resolve_mode`; ``scale``: FAMILY=FACTOR what-ifs."""
+        from tracecal.predict.durations import parse_scale
+        from tracecal.predict.published_runs import is_decoded_run, with_published_iteration
+        from tracecal.predict.store import predict_stored_run, store_prediction
+        from tracecal.predict.what_if import is_what_if, run_cluster, target_gpus_per_node
+
+        factors = parse_scale(list(scale))
+        resolved = resolve_mode(mode, cluster, scale)
+        with self.connect() as con:
+            model = None
+            if resolved == "predicted":
+                if not cluster:
+                    raise PredictionError("--mode predicted needs --cluster NAME (see `tracecal sql 'from models'`)")
+                model = self.duration_model(con, cluster)
+            gpn, gpn_source = target_gpus_per_node(
+                con, run, cluster if resolved == "predicted" else None, gpus_per_node
+            )
+            source = run_cluster(con, run)
+            ratios = _cross_cluster_ratios(con, run, source, cluster) if resolved == "predicted" else {}
+            stored, pred = predict_stored_run(
+                con, run, mode=resolved, cluster=cluster, model=model, scale=factors, iteration=iteration,
+                store=False, replay=replay, gpus_per_node=gpn, fallback={f: r.factor for f, r in ratios.items()},
+            )  # fmt: skip
+            decoded = is_decoded_run(con, run)
+            if decoded:
+                pred = with_published_iteration(con, run, pred)
+            store_prediction(con, run, pred, cluster=cluster)
+        table = component_table_ms(pred)
+        attribution = None
+        if attribute:
+            from tracecal.predict.attribution import as_percent, component_attribution
+
+            attribution = component_attribution(pred)
+            parts = as_percent(attribution).drop("measured_ns", "predicted_ns", "error_pct")
+            table = table.join(parts, on=["rank", "component"], how="left", maintain_order="left")
+        return PredictReport(
+            run=run, mode=resolved, cluster=cluster, table=table, prediction=pred, stored=stored,
+            what_if=is_what_if(resolved, source, cluster, gpn), decoded=decoded, source_cluster=source,
+            gpus_per_node=gpn, gpus_per_node_source=gpn_source, ratios=ratios, attribution=attribution,
+        )  # fmt: skip
+
+    def validate(
+        self,
+        runs: Sequence[str] = (),
+        *,
+        cluster: str | None = None,
+        mode: Mode | None = None,
+        scale: Sequence[str] = (),
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> pl.DataFrame:
+        """`tracecal validate`: predict every run (default: the cluster's runs, else all) and score it.
+        Decoded GPT-NeoX runs give the published Table 9 rows (run_id, component, measured_ms, predicted_ms,
+        error_pct, published_error_pct, ...); traced runs the component table, one error-% column per run.
+        The two kinds are scored differently, so validate them separately. ``progress(run, done, total)``
+        is called before each run."""
+        import polars as pl
+
+        from tracecal.predict.durations import parse_scale
+        from tracecal.predict.published_runs import is_decoded_run, validate_decoded_run
+        from tracecal.predict.store import predict_stored_run
+        from tracecal.predict.validate import error_table
+
+        factors = parse_scale(list(scale))
+        resolved = resolve_mode(mode, cluster, scale)
+        with self.connect() as con:
+            run_ids = list(runs) or default_runs(con, cluster)
+            decoded = [r for r in run_ids if is_decoded_run(con, r)]
+            traced = [r for r in run_ids if r not in decoded]
+            if decoded and traced:
+                raise PredictionError(
+                    f"runs {', '.join(decoded)} are decoded GPT-NeoX runs (scored like the published Table 9) and "
+                    f"{', '.join(traced)} are traces (component table): validate them separately by run id"
+                )
+            model = None
+            if resolved == "predicted":
+                if not cluster:
+                    raise PredictionError("validate in predicted mode needs --cluster NAME")
+                model = self.duration_model(con, cluster)
+            frames = []
+            for i, run_id in enumerate(run_ids):
+                if progress is not None:
+                    progress(run_id, i, len(run_ids))
+                if decoded:
+                    v = validate_decoded_run(con, run_id, mode=resolved, model=model, cluster=cluster, scale=factors)
+                    frames.append(v.components)
+                else:
+                    _, pred = predict_stored_run(
+                        con, run_id, mode=resolved, cluster=cluster, model=model, scale=factors
+                    )
+                    frames.append(pred.components.with_columns(pl.lit(run_id).alias("run_id")))
+        return pl.concat(frames, how="diagonal_relaxed") if decoded else error_table(pl.concat(frames))
+
+    # -- calibrate, samples ---------------------------------------------------------------------
+
+    def calibrate(
+        self,
+        cluster: str,
+        *,
+        family: str | None = None,
+        published: Sequence[str | Path] = (),
+        folds: int = 3,
+        progress: Callable[[Any, int, int], None] | None = None,
+    ) -> pl.DataFrame:
+        """`calibrate --cluster NAME`: fit, select and store the cluster's regressors; the hold-out table
+        (op, direction, model, n_train, n_test, mape, p90_ape, published_mape, ...). See `calibrate_report`."""
+        return self.calibrate_report(cluster, family=family, published=published, folds=folds, progress=progress)[
+            0
+        ].report
+
+    def calibrate_report(
+        self,
+        cluster: str,
+        *,
+        family: str | None = None,
+        published: Sequence[str | Path] = (),
+        folds: int = 3,
+        progress: Callable[[Any, int, int], None] | None = None,
+    ) -> tuple[Calibration, pl.DataFrame | None]:
+        """The calibration result (hold-out table, models stored) and the in-trace validation on the
+        operators of the cluster's ingested runs (``None`` when no run has that cluster). ``published``:
+        directories of GPUModeling25 tuned-config files whose errors to set beside ours; ``progress(group,
+        index, total)`` after each model group."""
+        import polars as pl
+
+        from tracecal.calibrate import calibrate_cluster, validate_in_trace
+
+        published_frame = None
+        if published:
+            from tracecal.samplers.importers.gpumodeling25 import published_errors
+
+            published_frame = pl.concat([published_errors(Path(d)) for d in published])
+        with self.connect() as con:
+            result = calibrate_cluster(
+                con, cluster, store_dir=self.model_dir, family=family, published=published_frame, folds=folds,
+                on_group=progress,
+            )  # fmt: skip
+            in_trace = validate_in_trace(con, cluster, store_dir=self.model_dir)
+        return result, in_trace
+
+    def samples_import(
+        self,
+        path: str | Path,
+        *,
+        cluster: str | None = None,
+        fmt: str = "gpumodeling25",
+        progress: Callable[[int, int, str], None] | None = None,
+    ) -> pl.DataFrame:
+        """`tracecal samples import PATH`: the published GPUModeling25 CSVs of a directory (``cluster``
+        required), or Parquet from `samples export` (``fmt="parquet"``). Returns the samples' overview
+        (cluster, family, op, direction, source, devices, samples, flagged, ...) after the import."""
+        path = Path(path)
+        if fmt not in ("gpumodeling25", "parquet"):
+            raise SampleError(f"unknown format {fmt!r}; use gpumodeling25 or parquet")
+        with self.connect() as con:
+            if fmt == "gpumodeling25":
+                from tracecal.samplers.importers.gpumodeling25 import import_gpumodeling25
+
+                if not cluster:
+                    raise SampleError(
+                        "--cluster NAME is required with --format gpumodeling25 (e.g. --cluster perlmutter)"
+                    )
+                import_gpumodeling25(con, path, cluster, progress=progress)
+            else:
+                from tracecal.samplers.recorded import rederive_shape_columns
+                from tracecal.sql.samples import read_parquet_samples, write_samples
+
+                write_samples(con, rederive_shape_columns(read_parquet_samples(path, cluster)), origin=str(path))
+        return self.samples_list(cluster=cluster)
+
+    def samples_list(self, *, cluster: str | None = None) -> pl.DataFrame:
+        """`tracecal samples list`: samples per cluster, family, op, direction, source and devices."""
+        import polars as pl
+
+        from tracecal.sql.samples import samples_overview
+
+        with self.connect(read_only=True) as con:
+            return pl.from_arrow(samples_overview(con, cluster))  # type: ignore[return-value]
+
+    def samples_export(self, path: str | Path, *, cluster: str | None = None) -> int:
+        """`tracecal samples export -o PATH`: write samples to Parquet; returns how many."""
+        from tracecal.sql.samples import export_parquet
+
+        with self.connect(read_only=True) as con:
+            return export_parquet(con, Path(path), cluster)
+
+    def samples_flag(self, cluster: str) -> dict[str, int]:
+        """`tracecal samples flag --cluster NAME`: recompute the quality flags; samples flagged per reason."""
+        from tracecal.samplers.quality import reflag_cluster
+
+        with self.connect() as con:
+            return dict(reflag_cluster(con, cluster))
+
+    # -- export, diff, search -------------------------------------------------------------------
+
+    def export(
+        self,
+        run: str,
+        path: str | Path,
+        *,
+        what: str = "measured",
+        iteration: int | None = None,
+        cluster: str | None = None,
+        split_ranks: bool = False,
+    ) -> ExportResult:
+        """`tracecal export RUN -o PATH`: RUN as a Perfetto / chrome://tracing trace (measured, predicted or
+        both); returns the files written, ranks and spans."""
+        from tracecal.predict.export_store import WHAT, export_run
+
+        with self.connect(read_only=True) as con:
+            model = self.run_model(con, run, cluster) if what in WHAT and what != "measured" else None
+            return export_run(
+                con, run, Path(path), what=what, iteration=iteration, model=model, split_ranks=split_ranks
+            )
+
+    def run_model(self, con: duckdb.DuckDBPyConnection, run: str, cluster: str | None) -> DurationModel:
+        """The calibrated models of ``cluster``, else of the run's own cluster."""
+        from tracecal.errors import CalibrationError
+
+        if cluster is None:
+            rows = con.execute("SELECT cluster FROM runs WHERE run_id = ?", [run]).fetchall()
+            if not rows:
+                raise RunNotFoundError(f"no run {run!r} in the database; see `tracecal runs`")
+            cluster = rows[0][0]
+            if not cluster:
+                raise CalibrationError(
+                    f"run {run} has no cluster: pass --cluster NAME (models from `calibrate --cluster NAME`)"
+                )
+        return self.duration_model(con, cluster)
+
+    def diff(
+        self, run_a: str, run_b: str | None = None, *, by: str = "family", predicted: bool = False,
+        cluster: str | None = None,
+    ) -> pl.DataFrame:  # fmt: skip
+        """`tracecal diff A B` (or `diff A --predicted`): time per group in A and B, B − A and its share of
+        the iteration difference, largest movers first."""
+        return self.diff_report(run_a, run_b, by=by, predicted=predicted, cluster=cluster).table
+
+    def diff_report(
+        self, run_a: str, run_b: str | None = None, *, by: str = "family", predicted: bool = False,
+        cluster: str | None = None,
+    ) -> Diff:  # fmt: skip
+        from tracecal.predict.diff_store import diff_predicted, diff_runs
+
+        if predicted == (run_b is not None):
+            raise PredictionError("give two runs (tracecal diff A B), or one run and --predicted")
+        with self.connect(read_only=True) as con:
+            if predicted:
+                return diff_predicted(con, run_a, self.run_model(con, run_a, cluster), by)
+            return diff_runs(con, run_a, run_b or "", by)
+
+    def search(
+        self,
+        run: str,
+        *,
+        gpus: int,
+        cluster: str | None = None,
+        mode: str = "predicted",
+        gpus_per_node: int | None = None,
+        micro_batches: int | None = None,
+        micro_batch_size: int | None = None,
+        gpu_memory_gib: float | None = None,
+    ) -> pl.DataFrame:
+        """`tracecal search RUN --gpus N`: the valid layouts of N GPUs ranked by predicted throughput."""
+        return self.search_report(
+            run, gpus=gpus, cluster=cluster, mode=mode, gpus_per_node=gpus_per_node, micro_batches=micro_batches,
+            micro_batch_size=micro_batch_size, gpu_memory_gib=gpu_memory_gib,
+        )[0].table  # fmt: skip
+
+    def search_report(
+        self,
+        run: str,
+        *,
+        gpus: int,
+        cluster: str | None = None,
+        mode: str = "predicted",
+        gpus_per_node: int | None = None,
+        micro_batches: int | None = None,
+        micro_batch_size: int | None = None,
+        gpu_memory_gib: float | None = None,
+        progress: Callable[[Any, int, int], None] | None = None,
+    ) -> tuple[SearchResult, str]:
+        """The search result and where the memory limit per GPU came from."""
+        from tracecal.predict.search import device_memory_bytes, search_run
+
+        with self.connect() as con:
+            model = None
+            if mode == "predicted":
+                if not cluster:
+                    raise PredictionError(
+                        "predicting a layout needs --cluster NAME (or --mode measured for the traced durations)"
+                    )
+                model = self.duration_model(con, cluster)
+            memory: float | None
+            if gpu_memory_gib is not None:
+                memory, memory_source = gpu_memory_gib * 2**30, f"{gpu_memory_gib:g} GiB (--gpu-memory-gib)"
+            else:
+                memory, memory_source = device_memory_bytes(con, cluster)
+            result = search_run(
+                con, run, gpus, model=model, mode=mode, gpus_per_node=gpus_per_node, micro_batches=micro_batches,
+                micro_batch_size=micro_batch_size, memory_bytes=memory, progress=progress,
+            )  # fmt: skip
+        return result, memory_source
+
+
+def component_table_ms(pred: Prediction) -> pl.DataFrame:
+    """The user-facing table of a prediction: rank, component, measured_ms, predicted_ms, error_pct,
+    covered_share, dependency_error_pct, unexplained_pct."""
+    import polars as pl
+
+    from tracecal.predict.run import slack_report
+
+    return pred.components.select(
+        "rank",
+        "component",
+        (pl.col("measured_ns") / 1e6).alias("measured_ms"),
+        (pl.col("predicted_ns") / 1e6).alias("predicted_ms"),
+        "error_pct",
+        "covered_share",
+    ).join(slack_report(pred), on=["rank", "component"], how="left", maintain_order="left")
+
+
+def default_runs(con: duckdb.DuckDBPyConnection, cluster: str | None) -> list[str]:
+    """The runs `validate` scores by default: the cluster's, else all."""
+    rows = con.execute(
+        "SELECT run_id FROM runs WHERE ? IS NULL OR cluster = ? ORDER BY run_id", [cluster, cluster]
+    ).fetchall()
+    if not rows:
+        rows = con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()
+    if not rows:
+        raise RunNotFoundError("no runs in the database; ingest some with trace-ingest RUN_DIR")
+    return [r[0] for r in rows]
+
+
+def _cross_cluster_ratios(con: duckdb.DuckDBPyConnection, run: str, source: str | None, target: str | None) -> dict:
+    """Family -> ``what_if.ClusterRatio`` for a run predicted with another cluster's models (empty on
+    its own cluster, or when the run's cluster is unknown)."""
+    from tracecal.predict.what_if import cluster_ratios, sample_rates
+
+    if source is None or target is None or source == target:
+        return {}
+    families = [r[0] for r in con.execute("SELECT DISTINCT family FROM operators WHERE run_id = ?", [run]).fetchall()]
+    return cluster_ratios(sample_rates(con, source, target), source, target, [*families, "comm"])
+
+
+def _run_metadata(con: duckdb.DuckDBPyConnection, run: str) -> dict[str, Any]:
+    rows = con.execute("SELECT metadata_json FROM runs WHERE run_id = ?", [run]).fetchall()
+    if not rows or not rows[0][0]:
+        return {}
+    try:
+        metadata = json.loads(rows[0][0])
+    except json.JSONDecodeError:
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
+
+
+def _check_dask_installed() -> None:
+    """Before anything is opened: without Dask, ``dask=`` is one line saying how to get it."""
+    from tracecal.ingest.dask_cluster import INSTALL_HINT
+
+    try:
+        import distributed  # noqa: F401
+    except ImportError:
+        raise TracecalError(INSTALL_HINT) from None
