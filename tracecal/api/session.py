@@ -188,12 +188,12 @@ class Session:
         from tracecal.pipeline.ingest import INGEST_THREADS, IngestOptions, ingest_runs
 
         if on_error not in ("raise", "skip"):
-            raise TracecalError(f"on_error must be raise or skip, not {on_error!r}")
+            raise TracecalError(f"--on-error must be raise or skip, not {on_error!r}")
         if iteration_marker is not None:
             try:
                 re.compile(iteration_marker)
             except re.error as exc:
-                raise TracecalError(f"iteration marker {iteration_marker!r} is not a valid regex: {exc}") from exc
+                raise TracecalError(f"--iteration-marker {iteration_marker!r} is not a valid regex: {exc}") from exc
         if dask is not None:
             _check_dask_installed()
         runs = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]

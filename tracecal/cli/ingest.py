@@ -19,8 +19,6 @@ from tracecal.cli.common import (
     user_errors,
     warn,
 )
-from tracecal.config import Settings
-from tracecal.errors import TracecalError
 from tracecal.ingest.discover import ParallelLayout
 
 if TYPE_CHECKING:  # imported when the command runs: ``--help`` stays quick
@@ -70,32 +68,11 @@ def ingest(
 ) -> None:
     """Find the rank traces of each run, parse them in parallel and store them (one transaction per
     run; re-ingesting a run replaces it). Prints a summary: ranks, events, seconds, MB/s."""
-    with user_errors():
-        if on_error not in ("raise", "skip"):
-            raise TracecalError(f"--on-error must be raise or skip, not {on_error!r}")
-        if iteration_marker is not None:
-            _check_regex(iteration_marker)
-        if dask is not None:
-            _check_dask_installed()
-        flags = ParallelLayout(pp=pp, tp=tp, dp=dp, nodes=nodes, gpus_per_node=gpus_per_node)
-        settings = Settings.resolve(db)
-        from tracecal.pipeline.ingest import INGEST_THREADS, IngestOptions, ingest_runs
-        from tracecal.sql.connection import open_database
+    from tracecal.api import Session
 
-        options = IngestOptions(
-            run_id=run_id,
-            workers=workers,
-            on_error="skip" if on_error == "skip" else "raise",
-            cluster=cluster,
-            iteration_marker=iteration_marker,
-            layout=flags,
-            dask=dask,
-            shard_dir=shard_dir or settings.db_path.absolute().parent,
-        )
-        with (
-            progress_bar() as bar,
-            open_database(settings.db_path, cache_dir=settings.cache_dir, threads=INGEST_THREADS) as con,
-        ):
+    with user_errors():
+        session = Session(db)
+        with progress_bar() as bar:
             tasks: dict[str, object] = {}
 
             def on_progress(update: Progress) -> None:
@@ -104,27 +81,12 @@ def ingest(
                     task = tasks[update.run_id] = bar.add_task(update.run_id, total=update.files_total)
                 bar.update(task, completed=update.files_done)  # type: ignore[arg-type]
 
-            report = ingest_runs(con, runs, options, progress=on_progress)
-        _print_report(report, settings.db_path)
-
-
-def _check_dask_installed() -> None:
-    """Before anything is opened: without Dask, ``--dask`` is one line saying how to get it."""
-    from tracecal.ingest.dask_cluster import INSTALL_HINT
-
-    try:
-        import distributed  # noqa: F401
-    except ImportError:
-        raise TracecalError(INSTALL_HINT) from None
-
-
-def _check_regex(pattern: str) -> None:
-    import re
-
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise TracecalError(f"--iteration-marker {pattern!r} is not a valid regex: {exc}") from exc
+            report = session.ingest_report(
+                runs, run_id=run_id, workers=workers, on_error=on_error, cluster=cluster,
+                layout=ParallelLayout(pp=pp, tp=tp, dp=dp, nodes=nodes, gpus_per_node=gpus_per_node),
+                iteration_marker=iteration_marker, dask=dask, shard_dir=shard_dir, progress=on_progress,
+            )  # fmt: skip
+        _print_report(report, session.db_path)
 
 
 def _print_report(report: IngestReport, db_path: Path) -> None:
