@@ -29,7 +29,7 @@ from tracecal.decode.nccl_api import nccl_api_fields
 from tracecal.decode.nesting import ENGINE, NameIndex, covered, enclosing, launch_points, names_like, rows_of
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
 from tracecal.ingest.discover import ParallelLayout
-from tracecal.ingest.input_dims import message_elements
+from tracecal.ingest.input_dims import message_elements, output_elements
 
 COMM_KERNEL = r"(?i)^(nccl|rccl)\w*Kernel|^ncclDevKernel|^ncclKernel"
 CPU_WORK = r"^gloo:"
@@ -560,9 +560,22 @@ def rank_collectives(
             scale = gsize if name in ("all_gather", "reduce_scatter") and gsize else 1
             size = r["n_bytes"] * scale
         elif elems is None:
-            elems = message_elements(r["_dims_op"], r["_dims"])
-            if elems is not None and name == "all_gather" and gsize:
-                elems *= gsize  # the annotation shows the local shard; nccl-tests S is the total
+            # the operator's own message (an all-gather's shard, or nothing where only a frame
+            # around the call holds the tensor); nccl-tests S is an all-gather's total: the output
+            # a call states (and its group, output / shard, when nothing records one), else
+            # the shard times the group
+            elems = message_elements(r["_dims_op"], r["_dims"], name)
+            whole = (
+                output_elements(r["c_name"], r["c_input_dims"]) or output_elements(r["_dims_op"], r["_dims"])
+                if name == "all_gather"
+                else None
+            )
+            if elems and whole and whole % elems == 0:
+                if r["_gsize"] is None and not ranks:
+                    gsize = whole // elems
+                elems = whole
+            elif elems is not None and name == "all_gather" and gsize:
+                elems *= gsize
             size = elems * nbytes if elems is not None and nbytes else None
         role = role_of_group(ranks, layout) or r["scope_role"]
         if role is None and ranks is None and r["_gsize"] is None and layout.world_size:

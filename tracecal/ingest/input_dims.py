@@ -72,20 +72,65 @@ def tensor_shapes(cell: str | list[Any] | None) -> list[list[int]]:
     return [s for argument in parse_dims(cell) or [] for s in argument_shapes(argument)]
 
 
+_COLLECTIVE_OPERATOR = re.compile(
+    r"(?i)^(nccl|rccl|gloo|c10d|_c10d_functional|c10d_functional):|^record_param_comms$|^ProcessGroup"
+)
+"""Operators that are a collective call and record its tensors: the c10d operators, the backends'
+``nccl:``/``gloo:`` ranges, ``record_param_comms`` and the functional collectives. Any other operator
+(``CheckpointFunctionBackward`` around an activation all-gather) records its own arguments
+(``message_elements`` says when they are the message)."""
+
+
+def is_collective_operator(op_name: str | None) -> bool:
+    """Whether ``op_name`` is a collective call whose Input Dims are the collective's tensors."""
+    return bool(op_name) and _COLLECTIVE_OPERATOR.search(op_name or "") is not None
+
+
 def input_argument(op_name: str | None) -> int:
     """Which argument of ``op_name`` holds a collective's input (``_OUTPUT_FIRST``): 1 or 0."""
     return 1 if op_name and _OUTPUT_FIRST.search(op_name) else 0
 
 
-def message_elements(op_name: str | None, cell: str | list[Any] | None) -> int | None:
-    """Elements of a collective's input, following the operator's signature: the tensors of its input
-    argument summed (an all-reduce's list of tensors; an all-gather's input, not its output list).
-    None when that argument holds no tensor, the cell says nothing or the count is beyond int64."""
+SAME_SIZE_COLLECTIVES = frozenset({"allreduce", "broadcast", "reduce", "send", "recv", "sendrecv"})
+"""Collectives (letters only) whose input and output are one tensor of one size on every rank: any
+operator that holds that tensor states the message. An all-gather's shard and whole differ (as do a
+reduce-scatter's and an all-to-all's), so only the collective call's signature tells them apart."""
+
+
+def message_elements(op_name: str | None, cell: str | list[Any] | None, collective: str | None = None) -> int | None:
+    """Elements of a collective's message as the operator ``op_name`` records it: its input, one rank's
+    share of an all-gather.
+
+    A collective call (``is_collective_operator``; an unnamed operator is read as one) states it by
+    its signature: the tensors of its input argument summed (an all-reduce's list of tensors; an
+    all-gather's input, not its output list). Any other operator (the frame around the call,
+    ``_ReduceFromModelParallelRegion``, ``CheckpointFunctionBackward``) records its own arguments:
+    its first is the message only of a collective whose input and output are the same tensor
+    (``collective`` in ``SAME_SIZE_COLLECTIVES``, spelt with or without underscores); of an
+    all-gather it may be the shard or the gathered whole, so it states nothing.
+
+    None when the operator states nothing, that argument holds no tensor, the cell says nothing or
+    the count is beyond int64."""
+    same_size = (collective or "").replace("_", "").lower() in SAME_SIZE_COLLECTIVES
+    if op_name is not None and not is_collective_operator(op_name) and not same_size:
+        return None
     dims = parse_dims(cell)
     index = input_argument(op_name)
     if not dims or index >= len(dims):
         return None
     shapes = argument_shapes(dims[index])
+    total = sum(elements(s) for s in shapes)
+    return total if shapes and total <= INT64_MAX else None
+
+
+def output_elements(op_name: str | None, cell: str | list[Any] | None) -> int | None:
+    """Elements of the output argument of a collective call whose first argument is its output
+    (``_OUTPUT_FIRST``: an all-gather's gathered whole, a reduce-scatter's shard); None for any other
+    operator, or when the output holds no tensor (older torch's unrecorded lists)."""
+    if input_argument(op_name) != 1:
+        return None
+    dims = parse_dims(cell)
+    shapes = argument_shapes(dims[0]) if dims else []
     total = sum(elements(s) for s in shapes)
     return total if shapes and total <= INT64_MAX else None
 

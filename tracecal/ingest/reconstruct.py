@@ -48,7 +48,7 @@ from tracecal.ingest.decoded_run import (
 )
 from tracecal.ingest.discover import ParallelLayout
 from tracecal.ingest.gpumodeling25_tables import MODULE_TIMES_KEY, NEOX_LOG_KEY
-from tracecal.ingest.input_dims import message_elements
+from tracecal.ingest.input_dims import is_collective_operator, message_elements
 from tracecal.ingest.neox_log import NeoxLog
 from tracecal.ingest.pipeline_schedule import stage_instructions
 from tracecal.ingest.rebuilt_trace import GROUPS, PRECISION_TYPES, SCOPE, rank_events, types_for
@@ -171,11 +171,12 @@ def _position(stage: int, stages: int) -> str:
 
 
 def _kernel_rows(table: pl.DataFrame, n_occurrences: float, shape: RunShape) -> pl.DataFrame:
-    """A kernel table as rows in stream order, with true gaps, activity kind and collective attributes."""
+    """A kernel table as rows in stream order, with true gaps, activity kind and collective attributes
+    (a collective's message from its own operator, else from its call's, ``_message_from_call``)."""
     _, nccl_default = PRECISION_TYPES.get(shape.precision, PRECISION_TYPES["fp16"])
     coll = table["kernel"].str.extract(_COLLECTIVE.pattern, 1).str.to_lowercase()
     kernel_type = table["kernel"].str.extract(_KERNEL_DTYPE.pattern, 1)
-    return table.select(
+    rows = table.select(
         "kernel",
         activity_kind(pl.col("kernel")).alias("kind"),
         (pl.col("dur_us") * 1000).round().cast(pl.Int64).clip(lower_bound=0).alias("dur_ns"),
@@ -187,24 +188,62 @@ def _kernel_rows(table: pl.DataFrame, n_occurrences: float, shape: RunShape) -> 
         "inner_id",
         "inner_dims",
         pl.Series("coll", coll),
-        pl.Series("nelems", _message_elements(table), dtype=pl.Int64),
+        *(
+            pl.Series(n, v, dtype=pl.Int64)
+            for n, v in zip(("nelems", "_frame"), _message_elements(table, coll), strict=True)
+        ),
         pl.Series("coll_dtype", kernel_type)
         .replace_strict(_NCCL_DTYPES, default=nccl_default, return_dtype=pl.String)
         .alias("coll_dtype"),
     ).with_columns(pl.when(pl.col("coll").is_null()).then(None).otherwise(pl.col("coll_dtype")).alias("coll_dtype"))
+    return _message_from_call(rows)
 
 
-def _message_elements(table: pl.DataFrame) -> list[int | None]:
-    """Elements of each row's collective message, from its innermost CPU operator's Input Dims and
-    signature (``input_dims.message_elements``: tensor lists summed, an all-gather's input argument)."""
+_OPERATOR_KIND = r"(allreduce|reducescatter|allgather|alltoall|broadcast)"
+"""The collective an operator's name states, in the kernel's spelling (``coll``), letters only."""
+
+
+def _message_from_call(rows: pl.DataFrame) -> pl.DataFrame:
+    """Each collective kernel's message: as its own collective call states it, else as a collective
+    call of its kind states it in the same occurrence of the outer operator, else as the operator
+    around it states it (``_message_elements``).
+
+    The decoder pairs kernels with operators by position, so a collective kernel may carry the
+    enclosing frame (``CheckpointFunctionBackward``) or a ``record_param_comms`` without dims, while
+    the call's ``nccl:all_gather`` range sits on the neighbouring rows (the copies into the output
+    list it launches). Only an occurrence that states one message for the kind lends it."""
+    kind = pl.col("inner_op").str.to_lowercase().str.replace_all(r"[^a-z]", "").str.extract(_OPERATOR_KIND, 1)
+    stated = (
+        rows.with_columns(kind.alias("_kind"))
+        .filter(pl.col("nelems").is_not_null() & pl.col("_kind").is_not_null() & pl.col("outer_id").is_not_null())
+        .group_by("outer_id", "_kind")
+        .agg(pl.col("nelems").unique().alias("_n"))
+        .filter(pl.col("_n").list.len() == 1)
+        .select("outer_id", pl.col("_kind").alias("coll"), pl.col("_n").list.first())
+    )
+    return (
+        rows.join(stated, on=["outer_id", "coll"], how="left", maintain_order="left")
+        .with_columns(pl.coalesce("nelems", "_n", "_frame").alias("nelems"))
+        .drop("_n", "_frame")
+    )
+
+
+def _message_elements(table: pl.DataFrame, coll: pl.Series) -> tuple[list[int | None], list[int | None]]:
+    """Elements of each row's collective message from its innermost CPU operator's Input Dims
+    (``input_dims.message_elements``): as a collective call states it (by its signature), and as
+    another operator around the kernel states it (only where that cannot be a shard)."""
     ops, dims = table["inner_op"].to_list(), table["inner_dims"].to_list()
-    cache: dict[tuple[str | None, str | None], int | None] = {}
-    out = []
-    for key in zip(ops, dims, strict=True):
+    cache: dict[tuple[str | None, str | None, str | None], tuple[int | None, int | None]] = {}
+    own, frame = [], []
+    for key in zip(ops, dims, coll.to_list(), strict=True):
         if key not in cache:
-            cache[key] = message_elements(*key)
-        out.append(cache[key])
-    return out
+            if is_collective_operator(key[0]):  # every row of a call (the copies it launches too)
+                cache[key] = (message_elements(*key), None)
+            else:
+                cache[key] = (None, message_elements(*key) if key[2] is not None else None)
+        own.append(cache[key][0])
+        frame.append(cache[key][1])
+    return own, frame
 
 
 LAYER_FUNCTIONS = (r"CheckpointFunction$", r"CheckpointFunctionBackward$")
