@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from tracecal.cli.common import DbOption, one_command_app, progress_bar, render_rows, stdout, user_errors, warn
-from tracecal.config import Settings, model_store_dir
 
 if TYPE_CHECKING:  # imported where used: `tracecal --help` starts without it
     import polars as pl
@@ -51,30 +50,21 @@ def calibrate(
     topology) on the cluster's samples, choose by cross-validation, validate on the hold-out split
     (the published 80/20 one for imported samples) and on the traced operators of the cluster's runs,
     and store the models next to the database."""
-    with user_errors():
-        from tracecal.calibrate import calibrate_cluster, validate_in_trace
-        from tracecal.calibrate.validation import published_comparison
-        from tracecal.sql.connection import open_database
+    from tracecal.api import Session
+    from tracecal.calibrate.validation import published_comparison
 
-        settings = Settings.resolve(db)
-        published_frame = _published(published or [])
-        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con, progress_bar() as bar:
+    with user_errors():
+        session = Session(db)
+        with progress_bar() as bar:
             task = bar.add_task("calibrating", total=None)
 
             def progress(key: Any, index: int, total: int) -> None:
                 bar.update(task, completed=index, total=total, description=f"{key.label} {key.direction}")
 
-            result = calibrate_cluster(
-                con,
-                cluster,
-                store_dir=model_store_dir(settings.db_path),
-                family=family,
-                published=published_frame,
-                folds=folds,
-                on_group=progress,
+            result, trace_table = session.calibrate_report(
+                cluster, family=family, published=published or [], folds=folds, progress=progress
             )
             bar.update(task, completed=len(result.results), description="calibrated")
-            trace_table = validate_in_trace(con, cluster, store_dir=model_store_dir(settings.db_path))
         table = result.report
         if report is not None:
             table.select(
@@ -110,7 +100,7 @@ def calibrate(
         if published is None and table.get_column("protocol").to_list().count("published"):
             warn(_published_hint(table))
         stdout.print(
-            f"stored {result.stored} models in {model_store_dir(settings.db_path)} "
+            f"stored {result.stored} models in {session.model_dir} "
             f"(`tracecal sql \"select * from models where cluster='{cluster}'\"`)"
         )
         if report is not None:
@@ -140,16 +130,6 @@ def _published_hint(table: pl.DataFrame) -> str:
         f"--published DIR for {where} (the directories you imported, each holding its tuned-config file "
         "<GPU>.csv)"
     )
-
-
-def _published(directories: list[Path]) -> pl.DataFrame | None:
-    import polars as pl
-
-    if not directories:
-        return None
-    from tracecal.samplers.importers.gpumodeling25 import published_errors
-
-    return pl.concat([published_errors(d) for d in directories])
 
 
 def _print_holdout(cluster: str, table: pl.DataFrame, comparison: list[dict[str, Any]]) -> None:

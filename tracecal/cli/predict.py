@@ -20,31 +20,6 @@ if TYPE_CHECKING:  # imported where used: `tracecal --help` starts without it
 FORMATS = ("table", "csv", "json")
 
 
-def _resolve_mode(mode: str | None, cluster: str | None, scale: list[str]) -> str:
-    if mode is not None:
-        return mode
-    if cluster:
-        return "predicted"
-    return "scaled" if scale else "measured"
-
-
-def _rows_ms(pred: Prediction) -> pl.DataFrame:
-    """The user-facing table: rank, component, measured_ms, predicted_ms, error_pct, covered_share,
-    dependency_error_pct, unexplained_pct."""
-    import polars as pl
-
-    from tracecal.predict.run import slack_report
-
-    return pred.components.select(
-        "rank",
-        "component",
-        (pl.col("measured_ns") / 1e6).alias("measured_ms"),
-        (pl.col("predicted_ns") / 1e6).alias("predicted_ms"),
-        "error_pct",
-        "covered_share",
-    ).join(slack_report(pred), on=["rank", "component"], how="left", maintain_order="left")
-
-
 def predict(
     run: Annotated[str, typer.Argument(help="Run id (see `tracecal runs`).")],
     cluster: Annotated[
@@ -119,72 +94,39 @@ def predict(
     whole iteration), with the dependency replay's error and the unexplained share (slack the
     dependencies cannot explain, on each rank's critical path). Results are stored in the predictions
     and components tables."""
-    from tracecal.predict.durations import parse_scale
-    from tracecal.predict.published_runs import is_decoded_run, with_published_iteration
-    from tracecal.predict.store import predict_stored_run, store_prediction
-    from tracecal.predict.what_if import is_what_if, run_cluster, target_gpus_per_node
-    from tracecal.sql.connection import open_database
+    from tracecal.api import Session
+    from tracecal.api.session import resolve_mode
 
     with user_errors():
         if fmt not in FORMATS:
             raise PredictionError(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
-        factors = parse_scale(scale or [])
-        resolved = _resolve_mode(mode, cluster, scale or [])
+        resolved = resolve_mode(mode, cluster, scale or [])
         if layout is not None or micro_batches is not None or micro_batch_size is not None:
+            from tracecal.predict.durations import parse_scale
+
+            parse_scale(scale or [])  # a bad --scale is reported before the layout is rebuilt
             from tracecal.cli.search import predict_at_layout
 
             return predict_at_layout(
                 run, layout, cluster=cluster, mode=resolved, micro_batches=micro_batches,
                 micro_batch_size=micro_batch_size, gpus_per_node=gpus_per_node, replay=replay, db=db,
             )  # fmt: skip
-        settings = Settings.resolve(db)
-        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-            model = None
-            if resolved == "predicted":
-                if not cluster:
-                    raise PredictionError("--mode predicted needs --cluster NAME (see `tracecal sql 'from models'`)")
-                from tracecal.predict.models import load_duration_model
-
-                model = load_duration_model(con, model_store_dir(settings.db_path), cluster)
-            gpn, gpn_source = target_gpus_per_node(
-                con, run, cluster if resolved == "predicted" else None, gpus_per_node
-            )
-            source = run_cluster(con, run)
-            ratios = _cross_cluster_ratios(con, run, source, cluster) if resolved == "predicted" else {}
-            stored, pred = predict_stored_run(
-                con,
-                run,
-                mode=resolved,
-                cluster=cluster,
-                model=model,
-                scale=factors,
-                iteration=iteration,
-                store=False,
-                replay=replay,
-                gpus_per_node=gpn,
-                fallback={f: r.factor for f, r in ratios.items()},
-            )
-            decoded = is_decoded_run(con, run)
-            if decoded:
-                pred = with_published_iteration(con, run, pred)
-            store_prediction(con, run, pred, cluster=cluster)
-        what_if = is_what_if(resolved, source, cluster, gpn)
-        table = _rows_ms(pred)
-        attribution = None
-        if attribute:
-            from tracecal.predict.attribution import as_percent, component_attribution
-
-            attribution = component_attribution(pred)
-            parts = as_percent(attribution).drop("measured_ns", "predicted_ns", "error_pct")
-            table = table.join(parts, on=["rank", "component"], how="left", maintain_order="left")
+        report = Session(db).predict_report(
+            run, cluster=cluster, mode=resolved, scale=scale or [], iteration=iteration, replay=replay,
+            gpus_per_node=gpus_per_node, attribute=attribute,
+        )  # fmt: skip
+        pred, table, attribution, what_if = report.prediction, report.table, report.attribution, report.what_if
         if figures is not None:
             _predict_figures(figures, run, pred, attribution)
         if resolved == "predicted":
-            _report_fallback(run, cluster, source, pred, ratios)
-        if gpn is not None:
-            warn(f"ranks placed on nodes of {gpn} GPUs (from {gpn_source}); collective topologies follow")
-        if stored.paired_p2p:
-            warn(f"{stored.paired_p2p} send/recv rows had no peer; paired by order between the run's two ranks")
+            _report_fallback(run, cluster, report.source_cluster, pred, report.ratios)
+        if report.gpus_per_node is not None:
+            warn(
+                f"ranks placed on nodes of {report.gpus_per_node} GPUs (from {report.gpus_per_node_source}); "
+                "collective topologies follow"
+            )
+        if report.stored.paired_p2p:
+            warn(f"{report.stored.paired_p2p} send/recv rows had no peer; paired by order between the run's two ranks")
         if fmt == "csv" or fmt == "json":
             if what_if:  # against the traced run: a change, not an error
                 table = table.rename({"error_pct": "change_pct", "dependency_error_pct": "dependency_change_pct"})
@@ -195,25 +137,14 @@ def predict(
             else:
                 typer.echo(text, nl=False)
             return
-        _render(run, stored.iteration, resolved, cluster, pred, table, what_if)
+        _render(run, report.stored.iteration, resolved, cluster, pred, table, what_if)
         if attribution is not None:
             _render_attribution(run, attribution, what_if)
-        if decoded:
+        if report.decoded:
             stdout.print(
                 "decoded run: the iteration is measured by the published best iteration's train_batch; the "
                 "other components compare the replay with the rebuilt trace (gaps between kernels kept as measured)"
             )
-
-
-def _cross_cluster_ratios(con, run: str, source: str | None, target: str | None) -> dict:
-    """Family -> ``what_if.ClusterRatio`` for a run predicted with another cluster's models (empty on
-    its own cluster, or when the run's cluster is unknown)."""
-    from tracecal.predict.what_if import cluster_ratios, sample_rates
-
-    if source is None or target is None or source == target:
-        return {}
-    families = [r[0] for r in con.execute("SELECT DISTINCT family FROM operators WHERE run_id = ?", [run]).fetchall()]
-    return cluster_ratios(sample_rates(con, source, target), source, target, [*families, "comm"])
 
 
 def _report_fallback(run: str, cluster: str | None, source: str | None, pred: Prediction, ratios: dict) -> None:
@@ -433,6 +364,7 @@ def validate(
     Table 9 (run_id, component, measured_ms, predicted_ms, error_pct, published_error_pct); traced runs
     get the component table across runs (error % of the rank-summed component time; overall: the
     slowest rank's iteration)."""
+    from tracecal.api.session import default_runs, resolve_mode
     from tracecal.predict.durations import parse_scale
     from tracecal.predict.published_runs import is_decoded_run
     from tracecal.sql.connection import open_database
@@ -441,10 +373,10 @@ def validate(
         if fmt not in VALIDATE_FORMATS:
             raise PredictionError(f"unknown --format {fmt!r}; use one of {', '.join(VALIDATE_FORMATS)}")
         factors = parse_scale(scale or [])
-        resolved = _resolve_mode(mode, cluster, scale or [])
+        resolved = resolve_mode(mode, cluster, scale or [])
         settings = Settings.resolve(db)
         with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-            run_ids = runs or _default_runs(con, cluster)
+            run_ids = runs or default_runs(con, cluster)
             decoded = [r for r in run_ids if is_decoded_run(con, r)]
             traced = [r for r in run_ids if r not in decoded]
             if decoded and traced and (fmt == "csv" or output is not None):
@@ -637,19 +569,6 @@ def _validate_traced(con, run_ids, mode, model, cluster, factors, fmt, output, f
             ["run", "measured ms", "predicted ms", "error %"],
             [[r[0], _fmt(r[2]), _fmt(r[3]), _fmt(r[4], 2)] for r in long.iter_rows()],
         )
-
-
-def _default_runs(con, cluster: str | None) -> list[str]:
-    from tracecal.errors import RunNotFoundError
-
-    rows = con.execute(
-        "SELECT run_id FROM runs WHERE ? IS NULL OR cluster = ? ORDER BY run_id", [cluster, cluster]
-    ).fetchall()
-    if not rows:
-        rows = con.execute("SELECT run_id FROM runs ORDER BY run_id").fetchall()
-    if not rows:
-        raise RunNotFoundError("no runs in the database; ingest some with trace-ingest RUN_DIR")
-    return [r[0] for r in rows]
 
 
 def _validation_figures(directory: Path, comps: pl.DataFrame, results: list) -> None:
