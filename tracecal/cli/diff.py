@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tracecal.cli.common import DbOption, render_rows, stdout, user_errors
-from tracecal.config import Settings
-from tracecal.errors import PredictionError, RunNotFoundError
+from tracecal.errors import PredictionError
 
 if TYPE_CHECKING:
     from tracecal.predict.diff import Diff
@@ -33,27 +32,12 @@ def diff(
     """Time per group in A and B (best iteration, per-rank mean), the difference B − A, and the share of
     the iteration difference it explains, largest movers first. Components split each rank's iteration
     (idle included), so their shares add up to 100 %; operator groups overlap and need not."""
-    from tracecal.predict.diff_store import diff_predicted, diff_runs
-    from tracecal.sql.connection import open_database
+    from tracecal.api import Session
 
     with user_errors():
         if fmt not in FORMATS:
             raise PredictionError(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
-        if predicted == (run_b is not None):
-            raise PredictionError("give two runs (tracecal diff A B), or one run and --predicted")
-        settings = Settings.resolve(db)
-        if not settings.db_path.exists():
-            raise RunNotFoundError(f"no database at {settings.db_path}; ingest runs first with trace-ingest RUN_DIR")
-        with open_database(settings.db_path, read_only=True, cache_dir=settings.cache_dir) as con:
-            if predicted:
-                from tracecal.cli.export import _model
-
-                model = _model(con, settings.db_path, run_a, cluster)
-                if model is None:
-                    raise RunNotFoundError(f"no run {run_a!r} in the database; see `tracecal runs`")
-                result = diff_predicted(con, run_a, model, by)
-            else:
-                result = diff_runs(con, run_a, run_b or "", by)
+        result = Session(db).diff_report(run_a, run_b, by=by, predicted=predicted, cluster=cluster)
     if fmt == "csv":
         typer.echo(result.table.write_csv(float_precision=4), nl=False)
     elif fmt == "json":

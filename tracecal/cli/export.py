@@ -8,8 +8,6 @@ from typing import Annotated
 import typer
 
 from tracecal.cli.common import DbOption, stdout, user_errors, warn
-from tracecal.config import Settings, model_store_dir
-from tracecal.errors import RunNotFoundError
 
 
 def export(
@@ -49,18 +47,12 @@ def export(
     component and measured / predicted durations of every operator in its args. The measured timeline
     is a Kineto trace: `trace-ingest` of the export (one file, or --split-ranks) gives back the same
     operators, collectives and iterations per rank."""
-    from tracecal.predict.export_store import WHAT, export_run
-    from tracecal.sql.connection import open_database
+    from tracecal.api import Session
 
     with user_errors():
-        settings = Settings.resolve(db)
-        if not settings.db_path.exists():
-            raise RunNotFoundError(f"no database at {settings.db_path}; ingest a run first with trace-ingest RUN_DIR")
-        with open_database(settings.db_path, read_only=True, cache_dir=settings.cache_dir) as con:
-            model = None
-            if what in WHAT and what != "measured":
-                model = _model(con, settings.db_path, run, cluster)
-            result = export_run(con, run, output, what=what, iteration=iteration, model=model, split_ranks=split_ranks)
+        result = Session(db).export(
+            run, output, what=what, iteration=iteration, cluster=cluster, split_ranks=split_ranks
+        )
         if result.tracks.moved_spans:
             warn(
                 f"{result.tracks.moved_spans} spans overlapped a span of their thread without nesting in it; "
@@ -69,20 +61,3 @@ def export(
         scope = "the whole run" if result.iteration is None else f"iteration {result.iteration}"
         where = result.files[0] if len(result.files) == 1 else f"{len(result.files)} files in {output}"
         stdout.print(f"wrote {what} {scope} of {run}: {result.ranks} ranks, {result.spans} spans to {where}")
-
-
-def _model(con, db_path: Path, run: str, cluster: str | None):
-    """The calibrated models of ``cluster``, else of the run's own cluster."""
-    from tracecal.errors import CalibrationError
-    from tracecal.predict.models import load_duration_model
-
-    if cluster is None:
-        rows = con.execute("SELECT cluster FROM runs WHERE run_id = ?", [run]).fetchall()
-        if not rows:
-            return None  # export_run says the run is missing
-        cluster = rows[0][0]
-        if not cluster:
-            raise CalibrationError(
-                f"run {run} has no cluster: pass --cluster NAME (models from `calibrate --cluster NAME`)"
-            )
-    return load_duration_model(con, model_store_dir(db_path), cluster)  # its error says to run calibrate
