@@ -16,9 +16,17 @@ For each ordered pair (source, target) of layouts of one model it prints:
 Then ``tracecal search`` on each run at its own GPU count, and whether it ranks the measured layouts of
 that count in their measured order of throughput.
 
+With ``--workload DIR`` it does the same for the reference workload on this machine's CPU instead:
+it trains the workload at 1·1·1, 2·1·1, 1·2·1 and 1·1·2 (back to back, one thread per rank, so load
+from other jobs hits them alike), ingests them, samples their operator shapes and the gloo
+collectives on this machine, calibrates a ``local`` cluster, and predicts PP2, TP2 and DP2 from PP1
+and PP1 from each, every prediction beside its floor (the target predicted from its own trace) and
+the re-layout alone (``traced``: the source's traced durations at the new shapes, no model).
+
 Usage::
 
     python benchmarks/layout_what_if.py [--runs DIR] [--samples DIR ...] [--cluster NAME] [--db PATH]
+    python benchmarks/layout_what_if.py --workload /tmp/layout-workload/bench [--db PATH]
 """
 
 from __future__ import annotations
@@ -79,7 +87,13 @@ def main() -> None:
     parser.add_argument("--cluster", help="cluster name for the samples (default: the runs folder's name)")
     parser.add_argument("--db", type=Path, help="database to use and keep (default: a temporary one)")
     parser.add_argument("--no-search", action="store_true", help="skip tracecal search")
+    parser.add_argument(
+        "--workload", type=Path, help="train, sample and predict the reference workload's CPU runs here"
+    )
     args = parser.parse_args()
+    if args.workload is not None:
+        workload_main(args.workload, args.db)
+        return
     cluster = args.cluster or args.runs.name
     work = Path(tempfile.mkdtemp(prefix="tracecal-layout-"))
     db = args.db or work / "layout.duckdb"
@@ -189,6 +203,148 @@ def show(rows: pl.DataFrame, searches: list) -> None:
             ranked = [x for x in res.table["layout"].to_list() if x in order]
             verdict = "the same order" if ranked == order else "another order"
             print(f"measured throughput order {', '.join(order)}; search ranks them {', '.join(ranked)}: {verdict}")
+
+
+WORKLOAD_LAYOUTS = {"pp1": (1, 1, 1), "pp2": (2, 1, 1), "tp2": (1, 2, 1), "dp2": (1, 1, 2)}
+"""The runs the workload part trains; PP2, TP2 and DP2 are predicted from PP1 and PP1 from each."""
+WORKLOAD_MODEL = dict(layers=2, hidden=384, heads=6, seq=128, vocab=1000, micro_batches=4, micro_batch_size=2)
+"""Big enough that operators, not Python between them, take most of a step; no size of it is both a
+tensor-parallel split and an unsplit size (so every shape re-derives unambiguously); minutes on 2 cores."""
+LOCAL = "local"
+
+
+def workload_main(folder: Path, db: Path | None) -> None:
+    started = time.perf_counter()
+    folder.mkdir(parents=True, exist_ok=True)
+    db = db or folder / "layout.duckdb"
+    runs = train_workload(folder)
+    trained_s = time.perf_counter() - started
+    prepare_workload(db, runs)
+    prepared_s = time.perf_counter() - started - trained_s
+    rows = evaluate_workload(db, [r.name for r in runs])
+    with pl.Config(tbl_rows=100, tbl_cols=20, tbl_width_chars=220, float_precision=2, tbl_hide_dataframe_shape=True):
+        print(
+            "\n## workload cross-layout predictions (predicted mode, cluster local) against the target's measured "
+            "best iteration (its slowest rank)\n"
+        )
+        print(rows)
+    err = rows["error_pct"].abs()
+    print(
+        f"\n|error| mean {err.mean():.2f} %, max {err.max():.2f} %; within 10 %: {int((err <= 10).sum())} of "
+        f"{rows.height}; floor |error| mean {rows['floor_error_pct'].abs().mean():.2f} %"
+    )
+    load = " ".join(f"{x:.1f}" for x in __import__("os").getloadavg())
+    print(f"\ntimes: train {trained_s:.0f} s, prepare {prepared_s:.0f} s, all {time.perf_counter() - started:.0f} s; "
+          f"load average now {load}")  # fmt: skip
+
+
+def train_workload(folder: Path) -> list[Path]:
+    """The four runs, trained back to back (kept when already there)."""
+    from dataclasses import replace
+
+    from tracecal.workload import WorkloadConfig, run_local
+
+    base = WorkloadConfig(**WORKLOAD_MODEL, steps=6, threads=1, timeout_s=600)
+    out = []
+    for name, (pp, tp, dp) in WORKLOAD_LAYOUTS.items():
+        run_dir = folder / f"gpt_{name}"
+        if not (run_dir / "run.json").exists():
+            t0 = time.perf_counter()
+            run_local(replace(base, pp=pp, tp=tp, dp=dp), run_dir, force=True)
+            print(f"trained {run_dir.name} in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        out.append(run_dir)
+    return out
+
+
+def prepare_workload(db: Path, runs: list[Path]) -> None:
+    """Ingest, sample every run's operator shapes (and their neighbours) and the gloo collectives on
+    this machine, calibrate the ``local`` cluster (steps already done are skipped)."""
+    import duckdb
+
+    from tracecal.calibrate import calibrate_cluster
+    from tracecal.config import model_store_dir
+    from tracecal.pipeline.ingest import IngestOptions, ingest_runs
+    from tracecal.samplers.compute import sample_compute
+    from tracecal.samplers.from_run import run_points
+    from tracecal.samplers.plan import neighbourhood, run_settings
+    from tracecal.sql.connection import open_database
+
+    have: set[str] = set()
+    sampled = False
+    if db.exists():
+        with duckdb.connect(str(db), read_only=True) as con:
+            have = {r[0] for r in con.execute("SELECT run_id FROM runs").fetchall()}
+            sampled = bool(con.execute("SELECT count(*) FROM models WHERE cluster = ?", [LOCAL]).fetchone()[0])
+    with open_database(db) as con:
+        missing = [r for r in runs if r.name not in have]
+        if missing:
+            ingest_runs(con, missing, IngestOptions(cluster=LOCAL, workers=2))
+        if sampled:
+            return
+        points: dict = {}
+        params: dict = {}
+        for run in runs:
+            plan = run_points(con, run.name, None)
+            for p in neighbourhood(plan.points):
+                points.setdefault(p, None)
+                params.setdefault(p, plan.params_for(p))
+        t0 = time.perf_counter()
+        # two samplers at once: the two ranks of the 2-rank runs competed for the 2 cores the same way
+        settings = run_settings(LOCAL, "cpu", runs[0].name, 2, 2, 2)
+        report = sample_compute(con, list(points), settings, extra_params=lambda p: params.get(p) or {})
+        print(f"sampled {report.written} compute points in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    t0 = time.perf_counter()
+    cli(str(BIN / "tracecal"), "samples", "measure", "comm", "--cluster", LOCAL, "--world-size", "2",
+        "--sizes", "4K,16K,64K,256K,1M,4M,16M", "--collectives", "all_reduce,send", "--repeats", "10",
+        db=db)  # fmt: skip
+    print(f"sampled gloo collectives in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+    with open_database(db) as con:
+        calibrate_cluster(con, LOCAL, store_dir=model_store_dir(db), folds=2)
+
+
+def evaluate_workload(db: Path, run_ids: list[str]) -> pl.DataFrame:
+    from tracecal.config import model_store_dir
+    from tracecal.predict.models import load_duration_model
+    from tracecal.predict.relayout_run import predict_layout, run_layout
+    from tracecal.predict.store import predict_stored_run
+    from tracecal.sql.connection import open_database
+
+    rows = []
+    with open_database(db) as con:
+        model = load_duration_model(con, model_store_dir(db), LOCAL)
+        measured, floor, layouts = {}, {}, {}
+        for run_id in run_ids:
+            _, own = predict_stored_run(con, run_id, mode="predicted", model=model, store=False)
+            it = own.iteration_error()
+            slow = it.sort("measured_ns", descending=True).row(0, named=True)
+            measured[run_id], floor[run_id] = int(slow["measured_ns"]), int(slow["predicted_ns"])
+            layouts[run_id] = run_layout(con, run_id)
+        base = run_ids[0]
+        for src, tgt in [(base, r) for r in run_ids[1:]] + [(r, base) for r in run_ids[1:]]:
+            lay = layouts[tgt]
+            t0 = time.perf_counter()
+            pred = predict_layout(con, src, lay, mode="predicted", model=model)
+            seconds = time.perf_counter() - t0
+            # the re-layout alone: the source's traced durations on the new shapes (work ratio), no model
+            traced = predict_layout(con, src, lay, mode="measured")
+            m = measured[tgt]
+            rows.append(
+                {
+                    "source": src,
+                    "target": tgt,
+                    "layout": lay.text,
+                    "measured_ms": m / 1e6,
+                    "predicted_ms": pred.iteration_ns / 1e6,
+                    "error_pct": 100 * (pred.iteration_ns - m) / m,
+                    "floor_error_pct": 100 * (floor[tgt] - m) / m,
+                    "traced_error_pct": 100 * (traced.iteration_ns - m) / m,
+                    "uncovered_pct": 100 * float(pred.uncovered["share"].sum()),
+                    "gap_pct": None if pred.gap_share is None else 100 * pred.gap_share,
+                    "seconds": seconds,
+                }
+            )
+            print(f"{src} -> {lay.text}: {rows[-1]['error_pct']:+.2f} % ({seconds:.0f} s)", file=sys.stderr)
+    return pl.DataFrame(rows)
 
 
 if __name__ == "__main__":

@@ -165,15 +165,20 @@ def _token(value: int, tensor: list, axis: int, m: ShapeMap) -> int:
     return value
 
 
-def rewrite_dims(op: str | None, dims: list, m: ShapeMap) -> list:
-    """``dims`` (an ``Input Dims`` list) of operator ``op`` at the target layout."""
+AMBIGUOUS_ORDER = ("n", "k", "m")
+"""The GEMM role that splits when several are ambiguous and none is sure (the same flops either way)."""
+
+
+def rewrite_dims(op: str | None, dims: list, m: ShapeMap, prefer: tuple[str, ...] = AMBIGUOUS_ORDER) -> list:
+    """``dims`` (an ``Input Dims`` list) of operator ``op`` at the target layout; ``prefer``: the order
+    of ``AMBIGUOUS_ORDER`` when the caller knows the GEMM's parallel role (a row-parallel linear splits k)."""
     out = [list(d) if isinstance(d, list) else d for d in dims]
     roles = _gemm_roles(op or "", dims) if op in GEMM_OPS else None
     fixed: set[tuple[int, int]] = set()
     if roles is not None:
         value = {r: dims[p[0][0]][p[0][1]] for r, p in roles.items() if p}
         sure = [r for r, v in value.items() if v in m.split and v not in m.ambiguous]
-        maybe = [r for r in ("n", "k", "m") if value.get(r) in m.ambiguous]
+        maybe = [r for r in prefer if value.get(r) in m.ambiguous]
         chosen = sure or maybe[:1]
         for role, positions in roles.items():
             for t, a in positions:

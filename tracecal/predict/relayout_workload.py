@@ -536,6 +536,10 @@ def _dims(cfg: WorkloadConfig) -> ModelDims:
     )
 
 
+ROW_PARALLEL = ("k", "n", "m")
+"""A layer's linear without a bias is row-parallel (its bias is added after the all-reduce): it splits k."""
+
+
 def _reshaped(ops: list[Op], smap: ShapeMap) -> list[Op]:
     """Deep copies of ``ops`` with every Input Dims at the target; a leaf's duration times its work ratio."""
     out = copy.deepcopy(ops)
@@ -544,7 +548,8 @@ def _reshaped(ops: list[Op], smap: ShapeMap) -> list[Op]:
     for op in _walk(out):
         dims = op.args.get("Input Dims")
         if isinstance(dims, list) and dims:
-            new = rewrite_dims(op.name, dims, smap)
+            row = op.name == LINEAR and len(dims) > 2 and dims[2] == []
+            new = rewrite_dims(op.name, dims, smap, ROW_PARALLEL) if row else rewrite_dims(op.name, dims, smap)
             if not op.children:
                 op.dur *= work_ratio(op.name, json.dumps(dims), json.dumps(new))
             op.args["Input Dims"] = new
@@ -593,8 +598,7 @@ def _per_parameter(node: Op, starts: list[int], pieces: dict[str, tuple[list[Op]
     """``node`` with one child piece per target parameter: the source piece of the same parameter
     (name without its layer), its shapes at the target's."""
     fallback = next(iter(pieces.values()))
-    out = copy.deepcopy(node)
-    out.children = list(copy.deepcopy(node.children[: starts[0]])) if starts else []
+    out = replace(node, args=dict(node.args), children=copy.deepcopy(node.children[: starts[0]]) if starts else [])
     for name, shape in new_params:
         ops, old = pieces.get(_generic(name), fallback)
         out.children += [_with_shape(op, tuple(old), tuple(shape)) for op in ops]
@@ -618,10 +622,13 @@ def _optimizer_step(node: Op) -> Op | None:
 class _Builder:
     """Assembles one target rank's step as a list of top-level items."""
 
-    def __init__(self, src: SourceRun, cfg: WorkloadConfig, smap: ShapeMap) -> None:
+    def __init__(self, src: SourceRun, cfg: WorkloadConfig, smap: ShapeMap, tokens: ShapeMap) -> None:
         self.src, self.cfg, self.smap = src, cfg, smap
+        self.tokens = tokens
+        """The micro-batch size's map alone: the embedding, head and loss are replicated over TP."""
         self.tp_count: dict[tuple, int] = {}
         self.p2p_count: dict[tuple, int] = {}
+        self.piece_cache: dict[tuple[str, int], dict[str, tuple[list[Op], tuple]]] = {}
 
     def _source_stage(self, first: bool, last: bool) -> StagePieces:
         stages = self.src.stages
@@ -720,17 +727,17 @@ class _Builder:
         first, last = stage == 0, stage == cfg.pp - 1
         home = self._source_stage(first, last)
         i = micro % len(home.forward)
-        node = copy.deepcopy(home.forward[i])
+        node = replace(home.forward[i], args=dict(home.forward[i].args), children=[])
         children: list[Op] = []
         if first:
-            children += _reshaped(src.stages[0].fwd_prefix[micro % len(src.stages[0].fwd_prefix)], self.smap)
+            children += _reshaped(src.stages[0].fwd_prefix[micro % len(src.stages[0].fwd_prefix)], self.tokens)
         for g in self.layers(stage):
             s, j = divmod(g, src.config.layers_per_stage)
             pieces = src.stages[s]
             block = _reshaped(pieces.fwd_layers[micro % len(pieces.fwd_layers)][j], self.smap)
             children += self._tp_forward(block, rank)
         if last:
-            children += _reshaped(src.stages[-1].fwd_suffix[micro % len(src.stages[-1].fwd_suffix)], self.smap)
+            children += _reshaped(src.stages[-1].fwd_suffix[micro % len(src.stages[-1].fwd_suffix)], self.tokens)
         node.children = children
         node.lead = home.leads.get(FORWARD, 0.0)
         return node
@@ -740,17 +747,18 @@ class _Builder:
         stage, _, _ = cfg.coords(rank)
         first, last = stage == 0, stage == cfg.pp - 1
         home = self._source_stage(first, last)
-        node = copy.deepcopy(home.backward[micro % len(home.backward)])
+        traced = home.backward[micro % len(home.backward)]
+        node = replace(traced, args=dict(traced.args), children=[])
         children: list[Op] = []
         if last:
-            children += _reshaped(src.stages[-1].bwd_prefix[micro % len(src.stages[-1].bwd_prefix)], self.smap)
+            children += _reshaped(src.stages[-1].bwd_prefix[micro % len(src.stages[-1].bwd_prefix)], self.tokens)
         for g in reversed(self.layers(stage)):
             s, j = divmod(g, src.config.layers_per_stage)
             pieces = src.stages[s]
             block = _reshaped(pieces.bwd_layers[micro % len(pieces.bwd_layers)][j], self.smap)
             children += self._tp_backward(block, rank)
         if first:
-            children += _reshaped(src.stages[0].bwd_suffix[micro % len(src.stages[0].bwd_suffix)], self.smap)
+            children += _reshaped(src.stages[0].bwd_suffix[micro % len(src.stages[0].bwd_suffix)], self.tokens)
         node.children = children
         node.lead = home.leads.get(BACKWARD, 0.0)
         return node
@@ -824,6 +832,8 @@ class _Builder:
     def _pieces(self, kind: str, home: int) -> dict[str, tuple[list[Op], tuple]]:
         """Per-parameter pieces of ``zero_grad`` or the AdamW step from every source stage, the home
         stage's first."""
+        if (kind, home) in self.piece_cache:
+            return self.piece_cache[kind, home]
         out: dict[str, tuple[list[Op], tuple]] = {}
         src = self.src
         for s in sorted(range(len(src.stages)), key=lambda s: s != home):
@@ -838,6 +848,7 @@ class _Builder:
             else:
                 continue
             out = {**found, **out}
+        self.piece_cache[kind, home] = out
         return out
 
     def optimizer_parts(self, rank: int) -> tuple[list[Op], Op | None, Op | None, list[Op]]:
@@ -1014,7 +1025,8 @@ def rebuild_workload_at(
     new = target_config(cfg, target, gpus=gpus)
     src = read_source(run_dir, step)
     smap = shape_map(_dims(cfg), _dims(new))
-    builder = _Builder(src, new, smap)
+    tokens = shape_map(_dims(cfg), _dims(replace(cfg, micro_batch_size=new.micro_batch_size)))
+    builder = _Builder(src, new, smap, tokens)
     programs = {r: builder.step_items(r) for r in range(new.world_size)}
     t0 = 0.0
     events, ends = lay_out(programs, t0)
