@@ -78,7 +78,7 @@ def predict(
         typer.Option(
             "--layout",
             help="What-if: rebuild the iteration of the same model at PPxTPxDP (e.g. 8x4x4) and predict it "
-            "(decoded GPT-NeoX runs; see docs/what-if.md). Stores nothing.",
+            "(decoded GPT-NeoX runs and runs of the reference workload; see docs/what-if.md). Stores nothing.",
         ),
     ] = None,
     micro_batches: Annotated[

@@ -22,8 +22,9 @@ over DP' ranks, and the AdamW step over the stage's parameters at TP'. Shapes ar
 (``relayout_shapes``: the TP split of GEMM n/k, heads and FFN, the token dimension of the micro-batch
 size), not scaled.
 
-**Times.** Every copied operator keeps its traced duration (times the work ratio of its new shape:
-the duration no model gives) and the traced gap before it inside its piece. The gaps between the
+**Times.** Every copied operator keeps its traced duration, its own time (outside its children) times
+the work ratio of its new shape (the duration no model gives), and the traced gap before it inside its
+piece. The gaps between the
 step's scopes are the smallest of that scope in the source stage (its pure Python time: the traced
 waits are rebuilt). A rebuilt collective posts at its ``c10d`` operator; it completes when every member
 has posted plus its transfer time (the shortest traced transfer of that collective and message size,
@@ -550,10 +551,21 @@ def _reshaped(ops: list[Op], smap: ShapeMap) -> list[Op]:
         if isinstance(dims, list) and dims:
             row = op.name == LINEAR and len(dims) > 2 and dims[2] == []
             new = rewrite_dims(op.name, dims, smap, ROW_PARALLEL) if row else rewrite_dims(op.name, dims, smap)
-            if not op.children:
-                op.dur *= work_ratio(op.name, json.dumps(dims), json.dumps(new))
+            _scale_own_time(op, work_ratio(op.name, json.dumps(dims), json.dumps(new)))
             op.args["Input Dims"] = new
     return out
+
+
+def _scale_own_time(op: Op, ratio: float) -> None:
+    """An operator's own time (outside its children: a CPU operator's kernel runs there) times ``ratio``."""
+    if ratio == 1.0:
+        return
+    if not op.children:
+        op.dur *= ratio
+        return
+    for c in op.children:
+        c.lead *= ratio
+    op.tail *= ratio
 
 
 def _with_shape(op: Op, old: tuple[int, ...], new: tuple[int, ...]) -> Op:
@@ -567,8 +579,8 @@ def _with_shape(op: Op, old: tuple[int, ...], new: tuple[int, ...]) -> Op:
             for i, d in enumerate(dims):
                 if isinstance(d, list) and tuple(d) == old:
                     dims[i], hit = list(new), True
-            if hit and not o.children:
-                o.dur *= ratio
+            if hit:
+                _scale_own_time(o, ratio)
     return out
 
 
