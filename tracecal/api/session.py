@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the cores load when a method runs: `import tracecal` stays 
     from tracecal.predict.diff import Diff
     from tracecal.predict.durations import DurationModel
     from tracecal.predict.export_store import ExportResult
+    from tracecal.predict.published_runs import PublishedValidation
     from tracecal.predict.run import Prediction
     from tracecal.predict.search import SearchResult
     from tracecal.predict.store import StoredIteration
@@ -84,6 +85,19 @@ class PredictReport:
     gpus_per_node_source: str | None
     ratios: dict[str, Any]
     attribution: pl.DataFrame | None
+
+
+@dataclass(frozen=True)
+class ValidateReport:
+    """What `tracecal validate` shows. ``decoded``: the decoded GPT-NeoX runs scored like the published
+    Table 9; ``traced``: (run id, prediction) of the traced runs; ``published_attribution``: with
+    ``attribute``, each decoded run's Table 9 cells split by the schedule and the op families."""
+
+    mode: str
+    cluster: str | None
+    decoded: list[PublishedValidation]
+    traced: list[tuple[str, Prediction]]
+    published_attribution: list[pl.DataFrame] | None
 
 
 class Session:
@@ -343,44 +357,71 @@ class Session:
         """`tracecal validate`: predict every run (default: the cluster's runs, else all) and score it.
         Decoded GPT-NeoX runs give the published Table 9 rows (run_id, component, measured_ms, predicted_ms,
         error_pct, published_error_pct, ...); traced runs the component table, one error-% column per run.
-        The two kinds are scored differently, so validate them separately. ``progress(run, done, total)``
-        is called before each run."""
+        The two kinds are scored differently, so validate them separately (see `validate_report`)."""
         import polars as pl
 
+        from tracecal.predict.validate import error_table
+
+        report = self.validate_report(runs, cluster=cluster, mode=mode, scale=scale, progress=progress, mixed=False)
+        if report.decoded:
+            return pl.concat([v.components for v in report.decoded], how="diagonal_relaxed")
+        return error_table(pl.concat([p.components.with_columns(pl.lit(r).alias("run_id")) for r, p in report.traced]))
+
+    def validate_report(
+        self,
+        runs: Sequence[str] = (),
+        *,
+        cluster: str | None = None,
+        mode: Mode | str | None = None,
+        scale: Sequence[str] = (),
+        attribute: bool = False,
+        mixed: bool = True,
+        progress: Callable[[str, int, int], None] | None = None,
+    ) -> ValidateReport:
+        """Predict every run. ``mixed=False`` refuses decoded and traced runs together (one table cannot
+        hold both); ``attribute`` splits the decoded runs' Table 9 cells (a traced run's attribution comes
+        from its prediction, `predict.attribution.component_attribution`). ``progress(run, index, total)``
+        is called before each run."""
         from tracecal.predict.durations import parse_scale
         from tracecal.predict.published_runs import is_decoded_run, validate_decoded_run
         from tracecal.predict.store import predict_stored_run
-        from tracecal.predict.validate import error_table
 
         factors = parse_scale(list(scale))
         resolved = resolve_mode(mode, cluster, scale)
         with self.connect() as con:
             run_ids = list(runs) or default_runs(con, cluster)
-            decoded = [r for r in run_ids if is_decoded_run(con, r)]
-            traced = [r for r in run_ids if r not in decoded]
-            if decoded and traced:
+            decoded_ids = [r for r in run_ids if is_decoded_run(con, r)]
+            traced_ids = [r for r in run_ids if r not in decoded_ids]
+            if decoded_ids and traced_ids and not mixed:
                 raise PredictionError(
-                    f"runs {', '.join(decoded)} are decoded GPT-NeoX runs (scored like the published Table 9) and "
-                    f"{', '.join(traced)} are traces (component table): validate them separately by run id"
+                    f"runs {', '.join(decoded_ids)} are decoded GPT-NeoX runs (scored like the published Table 9) "
+                    f"and {', '.join(traced_ids)} are traces (component table): validate them separately by run id"
                 )
             model = None
             if resolved == "predicted":
                 if not cluster:
                     raise PredictionError("validate in predicted mode needs --cluster NAME")
                 model = self.duration_model(con, cluster)
-            frames = []
-            for i, run_id in enumerate(run_ids):
+            if attribute and resolved == "measured":
+                raise PredictionError(
+                    "--attribute splits a prediction's error by family: pass --cluster NAME or --scale FAMILY=FACTOR"
+                )
+            ordered = decoded_ids + traced_ids
+            decoded, traced = [], []
+            for i, run_id in enumerate(ordered):
                 if progress is not None:
-                    progress(run_id, i, len(run_ids))
-                if decoded:
-                    v = validate_decoded_run(con, run_id, mode=resolved, model=model, cluster=cluster, scale=factors)
-                    frames.append(v.components)
+                    progress(run_id, i, len(ordered))
+                if run_id in decoded_ids:
+                    decoded.append(
+                        validate_decoded_run(con, run_id, mode=resolved, model=model, cluster=cluster, scale=factors)
+                    )
                 else:
                     _, pred = predict_stored_run(
                         con, run_id, mode=resolved, cluster=cluster, model=model, scale=factors
                     )
-                    frames.append(pred.components.with_columns(pl.lit(run_id).alias("run_id")))
-        return pl.concat(frames, how="diagonal_relaxed") if decoded else error_table(pl.concat(frames))
+                    traced.append((run_id, pred))
+            cells = _published_attribution(con, decoded) if attribute and decoded else None
+        return ValidateReport(resolved, cluster, decoded, traced, cells)
 
     # -- calibrate, samples ---------------------------------------------------------------------
 
@@ -621,6 +662,22 @@ def default_runs(con: duckdb.DuckDBPyConnection, cluster: str | None) -> list[st
     if not rows:
         raise RunNotFoundError("no runs in the database; ingest some with trace-ingest RUN_DIR")
     return [r[0] for r in rows]
+
+
+def _published_attribution(con: duckdb.DuckDBPyConnection, results: list[PublishedValidation]) -> list[pl.DataFrame]:
+    """Each decoded run's Table 9 cells, their error split by the schedule and the op families, with the
+    published error beside them."""
+    from tracecal.predict.attribution import as_percent, published_attribution
+    from tracecal.predict.published_runs import traced_ranks
+    from tracecal.predict.store import module_members
+
+    frames = []
+    for v in results:
+        members = module_members(con, v.run_id, v.stored.iteration)
+        cells = published_attribution(v.prediction, members, traced_ranks(con, v.run_id), v.components)
+        published = v.components.select("run_id", "component", "published_error_pct")
+        frames.append(as_percent(cells).join(published, on=["run_id", "component"], how="left"))
+    return frames
 
 
 def _cross_cluster_ratios(con: duckdb.DuckDBPyConnection, run: str, source: str | None, target: str | None) -> dict:

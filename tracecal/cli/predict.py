@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from tracecal.cli.common import DbOption, progress_bar, render_rows, stdout, user_errors, warn
-from tracecal.config import Settings, model_store_dir
 from tracecal.errors import PredictionError
 
 if TYPE_CHECKING:  # imported where used: `tracecal --help` starts without it
     import polars as pl
 
+    from tracecal.api.session import ValidateReport
     from tracecal.predict.run import Prediction
 
 FORMATS = ("table", "csv", "json")
@@ -364,41 +363,32 @@ def validate(
     Table 9 (run_id, component, measured_ms, predicted_ms, error_pct, published_error_pct); traced runs
     get the component table across runs (error % of the rank-summed component time; overall: the
     slowest rank's iteration)."""
-    from tracecal.api.session import default_runs, resolve_mode
-    from tracecal.predict.durations import parse_scale
-    from tracecal.predict.published_runs import is_decoded_run
-    from tracecal.sql.connection import open_database
+    from tracecal.api import Session
 
     with user_errors():
         if fmt not in VALIDATE_FORMATS:
             raise PredictionError(f"unknown --format {fmt!r}; use one of {', '.join(VALIDATE_FORMATS)}")
-        factors = parse_scale(scale or [])
-        resolved = resolve_mode(mode, cluster, scale or [])
-        settings = Settings.resolve(db)
-        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-            run_ids = runs or default_runs(con, cluster)
-            decoded = [r for r in run_ids if is_decoded_run(con, r)]
-            traced = [r for r in run_ids if r not in decoded]
-            if decoded and traced and (fmt == "csv" or output is not None):
-                raise PredictionError(
-                    f"runs {', '.join(decoded)} are decoded GPT-NeoX runs (scored like the published Table 9) and "
-                    f"{', '.join(traced)} are traces (component table): validate them separately by run id"
-                )
-            model = None
-            if resolved == "predicted":
-                if not cluster:
-                    raise PredictionError("validate in predicted mode needs --cluster NAME")
-                from tracecal.predict.models import load_duration_model
+        with progress_bar() as bar:
+            tasks: list[Any] = []
 
-                model = load_duration_model(con, model_store_dir(settings.db_path), cluster)
-            if attribute and resolved == "measured":
-                raise PredictionError(
-                    "--attribute splits a prediction's error by family: pass --cluster NAME or --scale FAMILY=FACTOR"
-                )
-            if decoded:
-                _validate_published(con, decoded, resolved, model, cluster, factors, fmt, output, figures, attribute)
-            if traced:
-                _validate_traced(con, traced, resolved, model, cluster, factors, fmt, output, figures, attribute)
+            def progress(run_id: str, index: int, total: int) -> None:
+                """One progress step per run (a bar on a terminal, one line per run elsewhere)."""
+                if not tasks:
+                    tasks.append(bar.add_task(f"validate {run_id}", total=total))
+                else:
+                    bar.update(tasks[0], advance=1)
+                bar.update(tasks[0], description=f"validate {run_id}")
+
+            report = Session(db).validate_report(
+                runs or [], cluster=cluster, mode=mode, scale=scale or [], attribute=attribute,
+                mixed=not (fmt == "csv" or output is not None), progress=progress,
+            )  # fmt: skip
+            if tasks:
+                bar.update(tasks[0], advance=1)
+        if report.decoded:
+            _validate_published(report, fmt, output, figures)
+        if report.traced:
+            _validate_traced(report, fmt, output, figures, attribute)
 
 
 def _emit(text: str, output: Path | None, what: str) -> None:
@@ -410,28 +400,15 @@ def _emit(text: str, output: Path | None, what: str) -> None:
         typer.echo(text, nl=False)
 
 
-def _each_run(run_ids: list[str]) -> Iterator[str]:
-    """The runs to validate, one progress step each (a bar on a terminal, one line per run elsewhere)."""
-    with progress_bar() as bar:
-        task = bar.add_task(f"validate {run_ids[0]}" if run_ids else "validate", total=len(run_ids))
-        for run_id in run_ids:
-            bar.update(task, description=f"validate {run_id}")
-            yield run_id
-            bar.update(task, advance=1)
-
-
-def _validate_published(con, run_ids, mode, model, cluster, factors, fmt, output, figures, attribute) -> None:
+def _validate_published(report: ValidateReport, fmt: str, output: Path | None, figures: Path | None) -> None:
     """Decoded runs: the published Table 9 components, ours beside the published."""
     import polars as pl
 
     from tracecal.predict import published
-    from tracecal.predict.published_runs import validate_decoded_run
 
-    results = [
-        validate_decoded_run(con, r, mode=mode, model=model, cluster=cluster, scale=factors) for r in _each_run(run_ids)
-    ]
-    if attribute:
-        _published_attribution(con, results, fmt, output, figures)
+    results = report.decoded
+    if report.published_attribution is not None:
+        _published_attribution(report.published_attribution, fmt, output, figures)
         return
     frames = [v.components for v in results]
     table = published.summary(frames)
@@ -457,21 +434,13 @@ def _validate_published(con, run_ids, mode, model, cluster, factors, fmt, output
         )  # fmt: skip
 
 
-def _published_attribution(con, results, fmt, output, figures) -> None:
+def _published_attribution(frames: list[pl.DataFrame], fmt: str, output: Path | None, figures: Path | None) -> None:
     """Decoded runs with --attribute: every Table 9 cell's error split by the schedule and families."""
     import polars as pl
 
-    from tracecal.predict.attribution import as_percent, long_form, percent_columns, published_attribution
+    from tracecal.predict.attribution import long_form, percent_columns
     from tracecal.predict.published import EDITED_NOTE
-    from tracecal.predict.published_runs import traced_ranks
-    from tracecal.predict.store import module_members
 
-    frames = []
-    for v in results:
-        members = module_members(con, v.run_id, v.stored.iteration)
-        cells = published_attribution(v.prediction, members, traced_ranks(con, v.run_id), v.components)
-        frames.append(as_percent(cells).join(v.components.select("run_id", "component", "published_error_pct"),
-                                             on=["run_id", "component"], how="left"))  # fmt: skip
     table = _ordered_parts(pl.concat(frames, how="diagonal_relaxed"))
     labelled = table.with_columns(
         pl.when(pl.col("hand_edited")).then(pl.col("component") + "*").otherwise(pl.col("component")).alias("component")
@@ -486,7 +455,7 @@ def _published_attribution(con, results, fmt, output, figures) -> None:
         ).write_csv()
     else:
         text = _attribution_markdown(labelled, parts) + f"\n{EDITED_NOTE}\n"
-    _emit(text, output, f"the error attribution of {len(results)} runs")
+    _emit(text, output, f"the error attribution of {len(frames)} runs")
     if figures is not None:
         path = figures / "attribution.png"
         from tracecal.predict.figures import error_attribution
@@ -522,17 +491,15 @@ def _attribution_markdown(table: pl.DataFrame, parts: list[str]) -> str:
     return "\n".join(lines)
 
 
-def _validate_traced(con, run_ids, mode, model, cluster, factors, fmt, output, figures, attribute) -> None:
+def _validate_traced(
+    report: ValidateReport, fmt: str, output: Path | None, figures: Path | None, attribute: bool
+) -> None:
     """Traced runs: component error % across runs."""
     import polars as pl
 
-    from tracecal.predict.store import predict_stored_run
     from tracecal.predict.validate import error_table, times_table, to_markdown
 
-    results = []
-    for run_id in _each_run(run_ids):
-        _, pred = predict_stored_run(con, run_id, mode=mode, cluster=cluster, model=model, scale=factors)
-        results.append((run_id, pred))
+    results, mode, cluster = report.traced, report.mode, report.cluster
     if attribute:
         from tracecal.predict.attribution import as_percent, component_attribution, percent_columns, run_attribution
 
