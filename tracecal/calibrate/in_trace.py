@@ -15,18 +15,13 @@ kernels it launched (a layer norm backward runs two), so the kernels of one CPU 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import duckdb
 import numpy as np
 import polars as pl
 
-import tracecal.sql
 from tracecal.calibrate.validation import error_metrics
 from tracecal.decode.parameters import StepParameters, parameter_groups
-from tracecal.sql.connection import query_arrow
-
-QUERIES = Path(tracecal.sql.__file__).parent / "queries"
+from tracecal.sql.query_files import query_file, query_frame
 
 REPORT_SCHEMA = {
     "run_id": pl.Utf8,
@@ -57,11 +52,10 @@ def traced_rows(con: duckdb.DuckDBPyConnection, cluster: str) -> pl.DataFrame:
     dur_ns, kernels, the shape columns, and for collectives ``collective`` and the comm columns (NULL
     on compute rows). Empty when the cluster has no ingested runs.
     """
-    ops = pl.from_arrow(query_arrow(con, (QUERIES / "calibrate_traced_operators.sql").read_text(), [cluster]))
-    comms = pl.from_arrow(query_arrow(con, (QUERIES / "calibrate_traced_collectives.sql").read_text(), [cluster]))
-    assert isinstance(ops, pl.DataFrame) and isinstance(comms, pl.DataFrame)
+    ops = query_frame(con, "calibrate_traced_operators", [cluster])
+    comms = query_frame(con, "calibrate_traced_collectives", [cluster])
     parameters = {
-        run_id: parameter_groups(query_arrow(con, (QUERIES / "run_parameters.sql").read_text(), [run_id]).to_pylist())
+        run_id: parameter_groups(query_file(con, "run_parameters", [run_id]).to_pylist())
         for run_id in ops.filter(pl.col("optimizer_step").is_not_null()).get_column("run_id").unique().to_list()
     }
     ops = optimizer_steps(ops, parameters).drop("optimizer_step_id", "optimizer_step")

@@ -8,7 +8,6 @@ pipeline (``tracecal.pipeline``) passes Arrow tables, polars frames and plain va
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pyarrow as pa
 from tracecal.errors import RunNotFoundError
 from tracecal.schema import COLLECTIVES, ITERATIONS, OPERATORS, RUN_TABLES, Table
 from tracecal.sql.connection import query_arrow
+from tracecal.sql.query_files import query_file, query_text
 
 DERIVED_TABLES = (OPERATORS, COLLECTIVES, ITERATIONS)
 """The tables decode writes for a run (replaced when the run is decoded again)."""
@@ -233,25 +233,9 @@ class OneThreadForLargeInserts:
         self.restore_to = None
 
 
-_QUERIES = Path(__file__).parent / "queries"
-
-
-@cache
-def _query(name: str) -> str:
-    """The text of ``queries/<name>.sql`` (read once per process)."""
-    return (_QUERIES / f"{name}.sql").read_text()
-
-
-def _arrow(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any]) -> pa.Table:
-    """The rows of ``queries/<name>.sql`` run with named ``params``, as an Arrow table."""
-    relation = con.sql(_query(name), params=params)
-    to_arrow = getattr(relation, "to_arrow_table", None) or relation.arrow  # DuckDB 2.x / 1.x
-    return to_arrow()
-
-
 def event_names(con: duckdb.DuckDBPyConnection, run_id: str, rank: int, kinds: Sequence[str]) -> list[str]:
     """The distinct names of one rank's events of ``kinds`` (``queries/decode_window_marker_names.sql``)."""
-    rows = con.execute(_query("decode_window_marker_names"), {"run_id": run_id, "rank": rank, "kinds": list(kinds)})
+    rows = con.execute(query_text("decode_window_marker_names"), {"run_id": run_id, "rank": rank, "kinds": list(kinds)})
     return [name for (name,) in rows.fetchall()]
 
 
@@ -261,7 +245,7 @@ def named_events(
     """One rank's events of ``kinds`` named one of ``names``, with ``end_ns``
     (``queries/decode_window_markers.sql``)."""
     params = {"run_id": run_id, "rank": rank, "kinds": list(kinds), "names": list(names)}
-    return _arrow(con, "decode_window_markers", params)
+    return query_file(con, "decode_window_markers", params)
 
 
 def window_times(
@@ -269,7 +253,7 @@ def window_times(
 ) -> pa.RecordBatchReader:
     """One rank's ``ts_ns``, every event's, read ``batch_rows`` at a time (``queries/decode_window_times.sql``)."""
     params = {"run_id": run_id, "rank": rank}
-    reader: pa.RecordBatchReader = con.sql(_query("decode_window_times"), params=params).to_arrow_reader(batch_rows)
+    reader: pa.RecordBatchReader = con.sql(query_text("decode_window_times"), params=params).to_arrow_reader(batch_rows)
     return reader
 
 
@@ -279,7 +263,7 @@ def launch_lags(
     """``(gpu_events, min_lag_ns, max_lag_ns)`` of one rank: its GPU activities and how far they
     start after their runtime call (``queries/decode_window_launch_lags.sql``)."""
     params = {"run_id": run_id, "rank": rank, "gpu_kinds": list(gpu_kinds), "runtime_kinds": list(runtime_kinds)}
-    gpu_events, min_lag, max_lag = con.execute(_query("decode_window_launch_lags"), params).fetchall()[0]
+    gpu_events, min_lag, max_lag = con.execute(query_text("decode_window_launch_lags"), params).fetchall()[0]
     return int(gpu_events), min_lag, max_lag
 
 
@@ -289,7 +273,8 @@ def window_intervals(
     """One rank's CPU-side intervals (``event_id``, ``ts_ns``, ``end_ns``), read ``batch_rows`` at a
     time (``queries/decode_window_intervals.sql``)."""
     params = {"run_id": run_id, "rank": rank, "gpu_kinds": list(gpu_kinds)}
-    reader: pa.RecordBatchReader = con.sql(_query("decode_window_intervals"), params=params).to_arrow_reader(batch_rows)
+    relation = con.sql(query_text("decode_window_intervals"), params=params)
+    reader: pa.RecordBatchReader = relation.to_arrow_reader(batch_rows)
     return reader
 
 
@@ -298,7 +283,7 @@ def events_by_id(
 ) -> pa.Table:
     """The ``columns`` of some of one rank's events, by event id (``queries/decode_window_rows.sql``)."""
     params = {"run_id": run_id, "rank": rank, "columns": list(columns), "event_ids": list(event_ids)}
-    return _arrow(con, "decode_window_rows", params)
+    return query_file(con, "decode_window_rows", params)
 
 
 def read_window_events(
@@ -325,4 +310,4 @@ def read_window_events(
         "runtime_kinds": list(runtime_kinds),
         **bounds,
     }
-    return _arrow(con, "decode_window_events", params)
+    return query_file(con, "decode_window_events", params)
