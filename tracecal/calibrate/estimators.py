@@ -16,7 +16,10 @@ one-dimensional sweeps (a collective's sizes) the residual can instead be smooth
 
 from __future__ import annotations
 
+import importlib
+import os
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -30,11 +33,46 @@ local-linear smoother of the residual along one key column (``local.LocalLinear`
 sweeps such as a collective's sizes); ``local_forest`` the geometric mean of ``local`` and the forest."""
 
 
+OPENMP_WAIT_POLICY = "PASSIVE"
+"""The OpenMP wait policy scikit-learn and XGBoost are loaded with unless the user set one."""
+
+
+@cache
+def load_openmp_libraries() -> None:
+    """Load scikit-learn and XGBoost with OpenMP workers that sleep when idle.
+
+    Both load one OpenMP runtime (libgomp), which reads ``OMP_WAIT_POLICY`` once, when it loads. Left
+    unset, idle workers busy-wait between parallel regions; on a shared 2-core machine that turned a
+    0.4 s boosting fit into 30 s. Unless the user chose a policy, ``OPENMP_WAIT_POLICY`` is in the
+    environment during the load only, so the process's environment is as it was afterwards (and
+    importing tracecal changes nothing). A process that loaded either library before keeps the
+    policy it loaded them with. Every import of the two goes through ``import_sklearn`` and
+    ``import_xgboost``, which call this first (worker processes of a fit included).
+    """
+    chosen = "OMP_WAIT_POLICY" in os.environ
+    if not chosen:
+        os.environ["OMP_WAIT_POLICY"] = OPENMP_WAIT_POLICY
+    try:
+        import sklearn  # noqa: F401  (loads the runtime)
+        import xgboost  # noqa: F401
+    finally:
+        if not chosen:
+            del os.environ["OMP_WAIT_POLICY"]
+
+
 def import_xgboost() -> Any:
-    """``xgboost`` (imported on first use; see the package docstring for the OpenMP wait policy)."""
+    """``xgboost``, loaded by ``load_openmp_libraries``."""
+    load_openmp_libraries()
     import xgboost
 
     return xgboost
+
+
+def import_sklearn(module: str) -> Any:
+    """The scikit-learn module named ``module`` (e.g. ``"sklearn.ensemble"``), loaded by
+    ``load_openmp_libraries``."""
+    load_openmp_libraries()
+    return importlib.import_module(module)
 
 
 def _check_fitted(estimator: Any, attribute: str) -> None:
@@ -214,16 +252,18 @@ class DurationRegressor:
         if self._uses_local():
             self.fit_local(features, residual)
         if self._uses_forest():
-            from sklearn.ensemble import RandomForestRegressor
-
-            self.forest_ = RandomForestRegressor(
-                n_estimators=self.n_estimators,
-                max_depth=self.max_depth,
-                min_samples_leaf=self.min_samples_leaf,
-                max_features=self.max_features,
-                random_state=self.random_state,
-                n_jobs=self.n_jobs,
-            ).fit(x, residual)
+            self.forest_ = (
+                import_sklearn("sklearn.ensemble")
+                .RandomForestRegressor(
+                    n_estimators=self.n_estimators,
+                    max_depth=self.max_depth,
+                    min_samples_leaf=self.min_samples_leaf,
+                    max_features=self.max_features,
+                    random_state=self.random_state,
+                    n_jobs=self.n_jobs,
+                )
+                .fit(x, residual)
+            )
         if self._uses_booster():
             self.booster_ = (
                 import_xgboost()

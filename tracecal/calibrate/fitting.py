@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracecal.calibrate.estimators import DurationRegressor
+from tracecal.calibrate.estimators import DurationRegressor, load_openmp_libraries
 from tracecal.calibrate.features import (
     COMM_FAMILY,
     COMPUTE_FAMILIES,
@@ -274,6 +274,7 @@ def calibrate_samples(
     """
     lookup = published_lookup(published)
     groups = model_groups(mark_superseded(samples), family)
+    load_openmp_libraries()  # before the workers' fitted models are unpickled here, which imports them
     if n_jobs <= 1 or len(groups) <= 1:
         results = []
         for index, (key, rows) in enumerate(groups):

@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from tracecal.calibrate.estimators import PhysicalBaseline
+from tracecal.calibrate.estimators import PhysicalBaseline, import_sklearn
 from tracecal.calibrate.features import COMM_FAMILY, COMM_NUMERIC, DTYPE_BYTES, SHAPE_NUMERIC, feature_frame
 from tracecal.calibrate.fitting import ALL_OPS
 from tracecal.calibrate.store import StoredModel
@@ -250,14 +250,12 @@ class CalibratedModels:
 
     def _distance(self, model: StoredModel, features: pl.DataFrame) -> np.ndarray:
         """Distance from each row to the nearest training sample of ``model``."""
-        from sklearn.neighbors import KDTree
-
         columns, points, centre, spread = self._domain(model)
         query = (_log_domain(features, columns) - centre) / spread
         points = np.where(np.isfinite(points), points, 0.0)
         missing = ~np.isfinite(query)
         query = np.where(missing, 0.0, query)
-        distance, _ = KDTree(points).query(query, k=1)
+        distance, _ = import_sklearn("sklearn.neighbors").KDTree(points).query(query, k=1)
         # a missing feature counts as far (prefer models the row fully describes); a row missing all
         # of them is beyond every model
         far = np.where(missing.all(axis=1), np.inf, _FAR * missing.sum(axis=1))

@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 
 from tracecal import __version__
-from tracecal.calibrate.estimators import DurationRegressor, PhysicalBaseline, import_xgboost
+from tracecal.calibrate.estimators import DurationRegressor, PhysicalBaseline, import_sklearn, import_xgboost
 from tracecal.calibrate.features import feature_frame
 from tracecal.calibrate.fitting import GroupKey, GroupResult, data_fingerprint
 from tracecal.errors import CalibrationError
@@ -57,12 +57,10 @@ REQUIRED_META = (
 
 def library_versions() -> dict[str, str]:
     """Versions of the libraries a stored model depends on."""
-    import sklearn
-
     return {
         "tracecal": __version__,
         "xgboost": import_xgboost().__version__,
-        "scikit-learn": sklearn.__version__,
+        "scikit-learn": import_sklearn("sklearn").__version__,
         "numpy": np.__version__,
         "polars": pl.__version__,
     }
@@ -280,16 +278,18 @@ class StoredModel:
                     f"re-run `calibrate --cluster {meta['cluster']}`"
                 ) from exc
         if model.kind in ("random_forest", "blend", "local_forest"):
-            from sklearn.ensemble import RandomForestRegressor
-
-            model.forest_ = RandomForestRegressor(
-                n_estimators=model.n_estimators,
-                max_depth=model.max_depth,
-                min_samples_leaf=model.min_samples_leaf,
-                max_features=model.max_features,
-                random_state=model.random_state,
-                n_jobs=model.n_jobs,
-            ).fit(features.select(list(model.features)).to_numpy(), residual)
+            model.forest_ = (
+                import_sklearn("sklearn.ensemble")
+                .RandomForestRegressor(
+                    n_estimators=model.n_estimators,
+                    max_depth=model.max_depth,
+                    min_samples_leaf=model.min_samples_leaf,
+                    max_features=model.max_features,
+                    random_state=model.random_state,
+                    n_jobs=model.n_jobs,
+                )
+                .fit(features.select(list(model.features)).to_numpy(), residual)
+            )
         if model.kind in ("xgboost", "blend"):
             path = self.directory / "booster.ubj"
             if not path.is_file():

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
+from tracecal.calibrate.estimators import import_sklearn
 from tracecal.sql.samples import sample_id
 
 HOLDOUT_FRACTION = 0.2
@@ -106,10 +107,10 @@ def holdout_split(group: pl.DataFrame, usable: np.ndarray, cluster: str) -> Spli
     positions = np.flatnonzero(usable)
     file_rows = published_rows(group, cluster)
     if file_rows is not None and group.get_column("source_file").n_unique() == 1:
-        from sklearn.model_selection import train_test_split
-
         n_file = int(file_rows.max()) + 1
-        _, test_rows = train_test_split(np.arange(n_file), test_size=HOLDOUT_FRACTION, random_state=PUBLISHED_SEED)
+        _, test_rows = import_sklearn("sklearn.model_selection").train_test_split(
+            np.arange(n_file), test_size=HOLDOUT_FRACTION, random_state=PUBLISHED_SEED
+        )
         in_test = np.isin(file_rows[positions], test_rows)
         return Split(train=np.flatnonzero(~in_test), test=np.flatnonzero(in_test), protocol="published")
     order = np.argsort(group.get_column("sample_id").to_numpy()[positions], kind="stable")
