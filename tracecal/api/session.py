@@ -87,6 +87,20 @@ class PredictReport:
     attribution: pl.DataFrame | None
 
 
+SAMPLE_FORMATS = ("gpumodeling25", "parquet")
+"""What `samples import` reads: the published GPUModeling25 CSVs, or Parquet from `samples export`."""
+
+
+@dataclass(frozen=True)
+class SamplesImport:
+    """What `samples import` wrote: samples, files read (GPUModeling25 only) and flags per reason
+    (GPUModeling25 only; Parquet samples keep the flags they were exported with)."""
+
+    samples: int
+    files: int | None
+    flags: dict[str, int] | None
+
+
 @dataclass(frozen=True)
 class ValidateReport:
     """What `tracecal validate` shows. ``decoded``: the decoded GPT-NeoX runs scored like the published
@@ -481,24 +495,37 @@ class Session:
         """`tracecal samples import PATH`: the published GPUModeling25 CSVs of a directory (``cluster``
         required), or Parquet from `samples export` (``fmt="parquet"``). Returns the samples' overview
         (cluster, family, op, direction, source, devices, samples, flagged, ...) after the import."""
-        path = Path(path)
-        if fmt not in ("gpumodeling25", "parquet"):
-            raise SampleError(f"unknown format {fmt!r}; use gpumodeling25 or parquet")
-        with self.connect() as con:
-            if fmt == "gpumodeling25":
-                from tracecal.samplers.importers.gpumodeling25 import import_gpumodeling25
-
-                if not cluster:
-                    raise SampleError(
-                        "--cluster NAME is required with --format gpumodeling25 (e.g. --cluster perlmutter)"
-                    )
-                import_gpumodeling25(con, path, cluster, progress=progress)
-            else:
-                from tracecal.samplers.recorded import rederive_shape_columns
-                from tracecal.sql.samples import read_parquet_samples, write_samples
-
-                write_samples(con, rederive_shape_columns(read_parquet_samples(path, cluster)), origin=str(path))
+        self.samples_import_report(path, cluster=cluster, fmt=fmt, progress=progress)
         return self.samples_list(cluster=cluster)
+
+    def samples_import_report(
+        self,
+        path: str | Path,
+        *,
+        cluster: str | None = None,
+        fmt: str = "gpumodeling25",
+        progress: Callable[[int, int, str], None] | None = None,
+    ) -> SamplesImport:
+        """What the import wrote: samples, files read (GPUModeling25) and samples flagged per reason.
+        Re-importing replaces; a bad file writes nothing."""
+        path = Path(path)
+        if fmt not in SAMPLE_FORMATS:
+            raise SampleError(f"unknown --format {fmt!r}; use one of {', '.join(SAMPLE_FORMATS)}")
+        if fmt == "gpumodeling25":
+            from tracecal.samplers.importers.gpumodeling25 import import_gpumodeling25
+
+            if not cluster:
+                raise SampleError("--cluster NAME is required with --format gpumodeling25 (e.g. --cluster perlmutter)")
+            with self.connect() as con:
+                result = import_gpumodeling25(con, path, cluster, progress=progress)
+            return SamplesImport(result.samples, result.files, dict(result.flags))
+        from tracecal.samplers.recorded import rederive_shape_columns
+        from tracecal.sql.samples import read_parquet_samples, write_samples
+
+        # shape columns follow this version's decoder, as re-ingested operators do
+        table = rederive_shape_columns(read_parquet_samples(path, cluster))
+        with self.connect() as con:
+            return SamplesImport(write_samples(con, table, origin=str(path)), None, None)
 
     def samples_list(self, *, cluster: str | None = None) -> pl.DataFrame:
         """`tracecal samples list`: samples per cluster, family, op, direction, source and devices."""
@@ -508,6 +535,15 @@ class Session:
 
         with self.connect(read_only=True) as con:
             return pl.from_arrow(samples_overview(con, cluster))  # type: ignore[return-value]
+
+    def samples_flags(self, *, cluster: str | None = None) -> pl.DataFrame:
+        """The flagged samples per cluster and reason (left out of calibration), as `samples list` shows."""
+        import polars as pl
+
+        from tracecal.sql.samples import flag_counts
+
+        with self.connect(read_only=True) as con:
+            return pl.from_arrow(flag_counts(con, cluster))  # type: ignore[return-value]
 
     def samples_export(self, path: str | Path, *, cluster: str | None = None) -> int:
         """`tracecal samples export -o PATH`: write samples to Parquet; returns how many."""

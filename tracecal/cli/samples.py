@@ -10,16 +10,12 @@ import typer
 
 from tracecal.cli import sample as measure
 from tracecal.cli.common import DbOption, progress_bar, render_arrow, render_rows, stdout, user_errors
-from tracecal.config import Settings
-from tracecal.errors import SampleError
 
 app = typer.Typer(
     help="Microbenchmark samples: measure them here, or import, export, list and re-flag stored ones.",
     no_args_is_help=True,
 )
 app.add_typer(measure.app, name="measure")
-
-FORMATS = ("gpumodeling25", "parquet")
 
 
 @app.command("import")
@@ -34,38 +30,28 @@ def import_(
 ) -> None:
     """Import samples measured elsewhere: the published GPUModeling25 CSVs (see docs/samples.md), or Parquet
     written by `tracecal samples export`. Re-importing replaces; a bad file writes nothing."""
-    from tracecal.sql.connection import open_database
+    from tracecal.api import Session
 
     with user_errors():
-        if fmt not in FORMATS:
-            raise SampleError(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
-        settings = Settings.resolve(db)
-        if fmt == "gpumodeling25":
-            from tracecal.samplers.importers.gpumodeling25 import import_gpumodeling25
-
-            if not cluster:
-                raise SampleError("--cluster NAME is required with --format gpumodeling25 (e.g. --cluster perlmutter)")
-            with open_database(settings.db_path, cache_dir=settings.cache_dir) as con, progress_bar() as bar:
+        session = Session(db)
+        if fmt != "gpumodeling25":  # one Parquet read: no steps to show
+            result = session.samples_import_report(path, cluster=cluster, fmt=fmt)
+        else:
+            with progress_bar() as bar:
                 task = bar.add_task("importing", total=None)
 
                 def progress(done: int, total: int, label: str) -> None:
                     bar.update(task, completed=done, total=total, description=label)
 
-                result = import_gpumodeling25(con, path, cluster, progress=progress)
+                result = session.samples_import_report(path, cluster=cluster, fmt=fmt, progress=progress)
+        if result.flags is not None:
             flags = ", ".join(f"{n} {reason}" for reason, n in result.flags.items()) or "none"
             stdout.print(
                 f"imported {result.samples} samples from {result.files} files of {path} for cluster {cluster} "
-                f"into {settings.db_path}; flagged: {flags}"
+                f"into {session.db_path}; flagged: {flags}"
             )
         else:
-            from tracecal.samplers.recorded import rederive_shape_columns
-            from tracecal.sql.samples import read_parquet_samples, write_samples
-
-            # shape columns follow this version's decoder, as re-ingested operators do
-            table = rederive_shape_columns(read_parquet_samples(path, cluster))
-            with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-                written = write_samples(con, table, origin=str(path))
-            stdout.print(f"imported {written} samples from {path} into {settings.db_path}")
+            stdout.print(f"imported {result.samples} samples from {path} into {session.db_path}")
 
 
 @app.command("export")
@@ -76,13 +62,10 @@ def export(
 ) -> None:
     """Write samples to a Parquet file that `tracecal samples import FILE --format parquet` reads
     on another machine."""
-    from tracecal.sql.connection import open_database
-    from tracecal.sql.samples import export_parquet
+    from tracecal.api import Session
 
     with user_errors():
-        settings = Settings.resolve(db)
-        with open_database(settings.db_path, read_only=True) as con:
-            written = export_parquet(con, output, cluster)
+        written = Session(db).samples_export(output, cluster=cluster)
         stdout.print(f"wrote {written} samples to {output}")
 
 
@@ -92,18 +75,16 @@ def list_(
     db: DbOption = None,
 ) -> None:
     """Clusters, families, ops and sample counts, with flagged samples per reason."""
-    from tracecal.sql.connection import open_database
-    from tracecal.sql.samples import flag_counts, samples_overview
+    from tracecal.api import Session
 
     with user_errors():
-        settings = Settings.resolve(db)
-        with open_database(settings.db_path, read_only=True) as con:
-            overview = samples_overview(con, cluster)
-            flags = flag_counts(con, cluster)
+        session = Session(db)
+        overview = session.samples_list(cluster=cluster).to_arrow()
+        flags = session.samples_flags(cluster=cluster).to_arrow()
         if overview.num_rows == 0:
             where = f" of cluster {cluster}" if cluster else ""
             stdout.print(
-                f"no samples{where} in {settings.db_path}; take some with `tracecal samples measure compute|comm` "
+                f"no samples{where} in {session.db_path}; take some with `tracecal samples measure compute|comm` "
                 "or import them with `tracecal samples import DIR --cluster NAME`",
                 soft_wrap=True,  # one line: a path or a command cut in two cannot be pasted
             )
@@ -114,7 +95,7 @@ def list_(
         order = ["cluster", "family", "op", "direction", "tp_values_max", "topologies_max"]
         order += ["samples_sum", "flagged_sum"]
         render_rows(
-            f"samples in {settings.db_path}",
+            f"samples in {session.db_path}",
             ["cluster", "family", "op", "dir", "tp", "topology", "samples", "flagged"],
             sorted([r[c] for c in order] for r in by_op.to_pylist()),
         )
@@ -137,12 +118,9 @@ def flag(
     db: DbOption = None,
 ) -> None:
     """Recompute the quality flags of a cluster's samples together (after sampling in parts)."""
-    from tracecal.samplers.quality import reflag_cluster
-    from tracecal.sql.connection import open_database
+    from tracecal.api import Session
 
     with user_errors():
-        settings = Settings.resolve(db)
-        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-            counts = reflag_cluster(con, cluster)
+        counts = Session(db).samples_flag(cluster)
         text = ", ".join(f"{n} {reason}" for reason, n in counts.items()) or "none"
         stdout.print(f"cluster {cluster}: flagged {text}")
