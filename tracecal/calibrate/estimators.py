@@ -238,19 +238,46 @@ class DurationRegressor:
         return self.kind in ("xgboost", "blend")
 
     def fit(self, features: pl.DataFrame, durations_ns: np.ndarray) -> DurationRegressor:
+        y = np.asarray(durations_ns, dtype=np.float64)
+        return self._fit_on(PhysicalBaseline(self.physical_columns).fit(features, y), features, y)
+
+    def refit(
+        self,
+        baseline: PhysicalBaseline,
+        features: pl.DataFrame,
+        durations_ns: np.ndarray,
+        *,
+        local: dict[str, Any] | None = None,
+        booster: Any = None,
+    ) -> DurationRegressor:
+        """This regressor as ``fit`` left it, from what the model store keeps of it: the fitted
+        ``baseline`` and ``booster`` as saved, the smoother fitted again with its stored choice
+        ``local`` (``k``, ``kernel``, ``degree``: no search) and the forest fitted again on the same
+        rows (seeded: the same trees). The steps after the baseline are ``fit``'s own."""
+        return self._fit_on(baseline, features, np.asarray(durations_ns, dtype=np.float64), local, booster)
+
+    def _fit_on(
+        self,
+        baseline: PhysicalBaseline,
+        features: pl.DataFrame,
+        y: np.ndarray,
+        local: dict[str, Any] | None = None,
+        booster: Any = None,
+    ) -> DurationRegressor:
+        """Fit the residual models of this kind on top of the fitted ``baseline`` (a given ``booster``
+        is kept instead of fitted)."""
         if self.kind not in MODEL_KINDS:
             raise CalibrationError(f"unknown model kind {self.kind!r}; expected one of {', '.join(MODEL_KINDS)}")
-        y = np.asarray(durations_ns, dtype=np.float64)
-        self.baseline_ = PhysicalBaseline(self.physical_columns).fit(features, y)
+        self.baseline_ = baseline
         self.n_features_in_ = len(self.features)
         if self.kind == "physical":
             return self
         if not self.features:
             raise CalibrationError("DurationRegressor needs feature columns for its trees (features=...)")
         x = _matrix(features, self.features)
-        residual = np.log(y / self.baseline_.predict(features))
+        residual = np.log(y / baseline.predict(features))
         if self._uses_local():
-            self.fit_local(features, residual)
+            self.fit_local(features, residual, chosen=local)
         if self._uses_forest():
             self.forest_ = (
                 import_sklearn("sklearn.ensemble")
@@ -264,7 +291,9 @@ class DurationRegressor:
                 )
                 .fit(x, residual)
             )
-        if self._uses_booster():
+        if self._uses_booster() and booster is not None:
+            self.booster_ = booster
+        elif self._uses_booster():
             self.booster_ = (
                 import_xgboost()
                 .XGBRegressor(

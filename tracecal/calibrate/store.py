@@ -260,51 +260,37 @@ class StoredModel:
         baseline = PhysicalBaseline(meta["physical_columns"])
         baseline.coef_ = np.asarray(meta["baseline_coef"], dtype=np.float64)
         baseline.n_features_in_ = len(baseline.columns)
-        model.baseline_ = baseline
-        model.n_features_in_ = len(model.features)
-        family = meta["family"]
-        if model.kind in ("random_forest", "blend", "local", "local_forest"):
-            training = self.training
-            features = feature_frame(training, family)
-            y = training.get_column("median_ns").to_numpy().astype(np.float64)
-            residual = np.log(y / baseline.predict(features))
-        if model.kind in ("local", "local_forest"):
-            # deterministic (no seed): the same rows give the same smoother and neighbourhood
-            try:
-                model.fit_local(features, residual, chosen=meta.get("local"))
-            except (CalibrationError, KeyError, TypeError, ValueError) as exc:
-                raise CalibrationError(
-                    f"model {self.directory.name}: cannot refit its stored smoother {meta.get('local')} ({exc}); "
-                    f"re-run `calibrate --cluster {meta['cluster']}`"
-                ) from exc
-        if model.kind in ("random_forest", "blend", "local_forest"):
-            model.forest_ = (
-                import_sklearn("sklearn.ensemble")
-                .RandomForestRegressor(
-                    n_estimators=model.n_estimators,
-                    max_depth=model.max_depth,
-                    min_samples_leaf=model.min_samples_leaf,
-                    max_features=model.max_features,
-                    random_state=model.random_state,
-                    n_jobs=model.n_jobs,
-                )
-                .fit(features.select(list(model.features)).to_numpy(), residual)
-            )
-        if model.kind in ("xgboost", "blend"):
-            path = self.directory / "booster.ubj"
-            if not path.is_file():
-                raise CalibrationError(f"model artifact {self.directory} lacks booster.ubj; recalibrate")
-            expected = meta.get("booster_sha256")
-            if expected is not None and hashlib.sha256(path.read_bytes()).hexdigest() != expected:
-                raise CalibrationError(
-                    f"{path} is not the booster model {self.directory.name} saved (changed since calibration); "
-                    f"re-run `calibrate --cluster {meta['cluster']}`"
-                )
-            booster = import_xgboost().XGBRegressor()
-            booster.load_model(str(path))
-            model.booster_ = booster
+        booster = self._booster() if model.kind in ("xgboost", "blend") else None
+        training = self.training
+        features = feature_frame(training, meta["family"])
+        y = training.get_column("median_ns").to_numpy()
+        try:
+            # deterministic: the forest is seeded and the smoother has no seed, so the same rows give
+            # the same trees and neighbourhoods
+            model.refit(baseline, features, y, local=meta.get("local"), booster=booster)
+        except (CalibrationError, KeyError, TypeError, ValueError) as exc:
+            what = f"its stored smoother {meta['local']}" if meta.get("local") is not None else "it"
+            raise CalibrationError(
+                f"model {self.directory.name}: cannot refit {what} ({exc}); "
+                f"re-run `calibrate --cluster {meta['cluster']}`"
+            ) from exc
         self._check(model)
         return model
+
+    def _booster(self) -> Any:
+        """The saved booster (``booster.ubj``), checked against the hash stored at calibration."""
+        path = self.directory / "booster.ubj"
+        if not path.is_file():
+            raise CalibrationError(f"model artifact {self.directory} lacks booster.ubj; recalibrate")
+        expected = self.meta.get("booster_sha256")
+        if expected is not None and hashlib.sha256(path.read_bytes()).hexdigest() != expected:
+            raise CalibrationError(
+                f"{path} is not the booster model {self.directory.name} saved (changed since calibration); "
+                f"re-run `calibrate --cluster {self.meta['cluster']}`"
+            )
+        booster = import_xgboost().XGBRegressor()
+        booster.load_model(str(path))
+        return booster
 
     def _check(self, model: DurationRegressor) -> None:
         check = self.meta["check"]
