@@ -146,29 +146,20 @@ def search(
     and rank them by throughput: samples per second at the global batch each layout runs (DP ·
     micro-batches · micro-batch size, stated). Shows each layout's iteration time, component split and
     idle share (the pipeline bubble shows as exposed comm_pp and idle)."""
-    from tracecal.predict.search import device_memory_bytes, search_run
-    from tracecal.sql.connection import open_database
+    from tracecal.api import Session
 
     with user_errors():
         if fmt not in SEARCH_FORMATS:
             raise PredictionError(f"unknown --format {fmt!r}; use one of {', '.join(SEARCH_FORMATS)}")
-        settings = Settings.resolve(db)
-        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-            model = _model(con, settings.db_path, cluster, mode)
-            memory: float | None
-            if gpu_memory_gib is not None:
-                memory, memory_source = gpu_memory_gib * 2**30, f"{gpu_memory_gib:g} GiB (--gpu-memory-gib)"
-            else:
-                memory, memory_source = device_memory_bytes(con, cluster)
 
-            def progress(layout, i, n) -> None:
-                if show_progress():
-                    stderr.print(f"predicting {layout.text} ({i + 1} of {n})", highlight=False)
+        def progress(layout, i, n) -> None:
+            if show_progress():
+                stderr.print(f"predicting {layout.text} ({i + 1} of {n})", highlight=False)
 
-            result = search_run(
-                con, run, gpus, model=model, mode=mode, gpus_per_node=gpus_per_node, micro_batches=micro_batches,
-                micro_batch_size=micro_batch_size, memory_bytes=memory, progress=progress,
-            )  # fmt: skip
+        result, memory_source = Session(db).search_report(
+            run, gpus=gpus, cluster=cluster, mode=mode, gpus_per_node=gpus_per_node, micro_batches=micro_batches,
+            micro_batch_size=micro_batch_size, gpu_memory_gib=gpu_memory_gib, progress=progress,
+        )  # fmt: skip
         table = result.table
         if fmt == "csv":
             text = table.write_csv(float_precision=4)
