@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import inspect
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import polars as pl
 import pytest
 import tomllib
 import typer
 
-from tests.conftest import REPO, SHARED
+from tests.conftest import GPUMODELING25, REPO, SHARED
 from tracecal.api import Session
 from tracecal.api.commands import COMMAND_METHODS, CONSOLE_SCRIPTS, NOT_IN_API
 from tracecal.cli.main import app
@@ -106,3 +108,26 @@ def test_bad_sql_and_bad_options_are_tracecal_errors(tmp_path: Path) -> None:
         session.predict("any", mode="predicted")
     with pytest.raises(TracecalError, match="give two runs"):
         session.diff("a")
+
+
+def test_samples_import_calibrate_and_export_through_the_api(tmp_path: Path) -> None:
+    """80 rows of published linear2 samples (a forward and a backward sample each): import, calibrate
+    gemm, write and read back as Parquet."""
+    samples = tmp_path / "compute"
+    samples.mkdir()
+    published = GPUMODELING25 / "samples" / "perlmutter_a100_compute"
+    shutil.copy(published / "NVIDIAA100-SXM4-80GB.csv", samples)
+    name = "NVIDIAA100-SXM4-80GB_linear2_fp16.csv"
+    (samples / name).write_text("".join((published / name).read_text().splitlines(True)[:81]))
+    tc = Session(tmp_path / "s.duckdb")
+    with pytest.raises(TracecalError, match="--cluster NAME is required"):
+        tc.samples_import(samples)
+    overview = tc.samples_import(samples, cluster="perlmutter")
+    assert overview["samples"].sum() == 160 and set(overview["direction"]) == {"fwd", "bwd"}
+    holdout = tc.calibrate("perlmutter", family="gemm", folds=2)
+    fitted = holdout.filter(pl.col("model").is_not_null())
+    assert fitted.height >= 1 and (fitted["mape"] >= 0).all()
+    assert tc.sql("select count(*) as n from models where cluster = 'perlmutter'")["n"][0] >= 1
+    assert tc.samples_export(tmp_path / "s.parquet", cluster="perlmutter") == 160
+    other = Session(tmp_path / "other.duckdb")
+    assert other.samples_import(tmp_path / "s.parquet", fmt="parquet")["samples"].sum() == 160
