@@ -15,7 +15,7 @@ from decode_helpers import events, op, step
 
 from tracecal.decode.align import match_collectives
 from tracecal.decode.rank import decode_rank
-from tracecal.ingest.discover import ParallelLayout
+from tracecal.vocabulary import ParallelLayout
 
 PP2 = ParallelLayout(world_size=2, pp=2, tp=1, dp=1)
 DP2 = ParallelLayout(world_size=2, pp=1, tp=1, dp=2)

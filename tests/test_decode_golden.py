@@ -13,9 +13,9 @@ from tracecal.decode.align import apply_offsets, best_iteration, clock_offsets, 
 from tracecal.decode.collectives import busbw_factor, normalize_collective, role_of_group
 from tracecal.decode.rank import decode_rank
 from tracecal.errors import RunNotFoundError, TraceFormatError
-from tracecal.ingest.discover import ParallelLayout
 from tracecal.pipeline.decode import decode_stored_run
 from tracecal.sql.connection import open_database
+from tracecal.vocabulary import ParallelLayout
 
 NO_LAYOUT = ParallelLayout(world_size=2)
 

@@ -11,7 +11,7 @@ from decode_helpers import events, kernel, launch, step
 
 from tracecal.decode.align import match_collectives
 from tracecal.decode.rank import decode_rank
-from tracecal.ingest.discover import ParallelLayout
+from tracecal.vocabulary import ParallelLayout
 
 WORLD4 = ParallelLayout(world_size=4)
 COLL = {"ncclAllReduce": "allreduce", "ncclAllGather": "allgather", "ncclSend": "send", "ncclRecv": "recv"}

@@ -13,13 +13,13 @@ from typer.testing import CliRunner
 
 from tracecal.cli.main import app
 from tracecal.decode.rank import DECODE_COLUMNS
-from tracecal.ingest.discover import ParallelLayout
 from tracecal.pipeline import decode as pipeline_decode
 from tracecal.pipeline import rank_decode
 from tracecal.pipeline.decode import decode_stored_run
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sql.connection import open_database, query_arrow
 from tracecal.sql.loaders import SHARD_RUN_ID
+from tracecal.vocabulary import ParallelLayout
 
 DLRM = KINETO / "dlrm_8rank"
 SINGLES = {

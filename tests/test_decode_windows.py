@@ -25,11 +25,11 @@ from tracecal.decode.iterations import iteration_windows
 from tracecal.decode.link import with_end
 from tracecal.decode.rank import decode_ranks
 from tracecal.decode.windows import RankWindow, crossing_windows, events_per_iteration, window_firsts
-from tracecal.ingest.discover import ParallelLayout
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.schema import EVENTS, arrow_schema
 from tracecal.sql.connection import open_database
 from tracecal.sql.loaders import insert_events
+from tracecal.vocabulary import ParallelLayout
 
 COMPARED = {
     "operators": "*",

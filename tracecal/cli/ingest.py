@@ -19,7 +19,7 @@ from tracecal.cli.common import (
     user_errors,
     warn,
 )
-from tracecal.ingest.discover import ParallelLayout
+from tracecal.vocabulary import ParallelLayout
 
 if TYPE_CHECKING:  # imported when the command runs: ``--help`` stays quick
     from tracecal.pipeline.decode import DecodeSummary

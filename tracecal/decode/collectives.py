@@ -28,8 +28,8 @@ from tracecal.decode.frames import nulls, taken
 from tracecal.decode.nccl_api import nccl_api_fields
 from tracecal.decode.nesting import ENGINE, NameIndex, covered, enclosing, launch_points, names_like, rows_of
 from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
-from tracecal.ingest.discover import ParallelLayout
 from tracecal.ingest.input_dims import message_elements, output_elements
+from tracecal.vocabulary import ParallelLayout
 
 COMM_KERNEL = r"(?i)^(nccl|rccl)\w*Kernel|^ncclDevKernel|^ncclKernel"
 CPU_WORK = r"^gloo:"

@@ -24,9 +24,8 @@ import polars as pl
 
 from tracecal.decode.frames import coalesce, picked, taken
 from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, launch_points, names_like, parents, rows_of
+from tracecal.vocabulary import GPU_ACTIVITY_KINDS, RUNTIME_KINDS
 
-GPU_KINDS = ("kernel", "memcpy", "memset")
-RUNTIME_KINDS = ("cuda_runtime", "cuda_driver")
 PROFILER_STEP = r"^ProfilerStep#(\d+)$"
 """Profiler step ranges: the text of ``iterations.DEFAULT_MARKER`` (the group changes nothing about
 what matches), so a batch compiles and matches the pattern once."""
@@ -114,7 +113,7 @@ def link_gpu_operators(events: pl.DataFrame, names: NameIndex | None = None) -> 
     """
     # one lazy plan before the one sweep, series operations after it: each eager frame operation has a fixed cost
     lev = events.lazy()
-    gpu = lev.filter(pl.col("kind").is_in(GPU_KINDS)).select(
+    gpu = lev.filter(pl.col("kind").is_in(GPU_ACTIVITY_KINDS)).select(
         "rank",
         "uid",
         "event_id",

@@ -22,7 +22,6 @@ from tracecal.decode.collectives import rank_collectives
 from tracecal.decode.frames import coalesce, with_series
 from tracecal.decode.iterations import DEFAULT_MARKER, iteration_spans, iteration_windows, window_of
 from tracecal.decode.link import (
-    GPU_KINDS,
     cpu_leaf_operators,
     end_series,
     link_gpu_operators,
@@ -32,8 +31,8 @@ from tracecal.decode.link import (
 from tracecal.decode.nesting import ENGINE, NameIndex
 from tracecal.decode.shapes import family_shape_table
 from tracecal.decode.windows import RankWindow
-from tracecal.ingest.discover import ParallelLayout
 from tracecal.schema import OPERATORS
+from tracecal.vocabulary import GPU_ACTIVITY_KINDS, ParallelLayout
 
 DECODE_COLUMNS = (
     "rank", "event_id", "kind", "name", "ts_ns", "dur_ns", "pid", "tid", "device", "stream", "correlation",
@@ -102,7 +101,8 @@ def decode_ranks(
     kind = ev.get_column("kind")
     kind = kind.fill_null("") if kind.null_count() else kind
     if window is None:
-        on_gpu_kind = np.logical_or.reduce([(kind == k).to_numpy() for k in GPU_KINDS])  # ``is_in`` plans a query
+        # ``is_in`` plans a query
+        on_gpu_kind = np.logical_or.reduce([(kind == k).to_numpy() for k in GPU_ACTIVITY_KINDS])
         gpu_ranks = frozenset(np.unique(rank[on_gpu_kind]).tolist())
     else:  # decided on the whole rank: a window without GPU activity stays a GPU rank
         gpu_ranks = frozenset(all_ranks.tolist()) if window.gpu else frozenset()

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracecal.errors import InputNotFoundError, RankConflictError, TraceFormatError
+from tracecal.vocabulary import ParallelLayout
 
 if TYPE_CHECKING:
     from tracecal.ingest.trace import ParsedRank
@@ -57,38 +58,6 @@ class TraceFile:
         with self.path.open("rb") as handle:
             handle.seek(-4, 2)
             return max(int.from_bytes(handle.read(4), "little"), self.size_bytes)
-
-
-@dataclass(frozen=True)
-class ParallelLayout:
-    """PP × TP × DP, nodes × GPUs per node and the world size, with where they came from (the
-    ``runs`` row's layout columns). Unknown values are None.
-
-    Discovery fills what the run directory says; the ingest sets ``world_size`` once the ranks are
-    parsed, and decode reads the layout to tell collective roles (``tracecal.decode.collectives``).
-    """
-
-    pp: int | None = None
-    tp: int | None = None
-    dp: int | None = None
-    nodes: int | None = None
-    gpus_per_node: int | None = None
-    model: str | None = None
-    source: str | None = None
-    metadata: dict[str, Any] | None = None
-    world_size: int | None = None
-
-    @property
-    def known(self) -> bool:
-        return self.pp is not None and self.tp is not None
-
-    def merged(self, fallback: ParallelLayout) -> ParallelLayout:
-        """This layout, with fields it leaves unknown taken from ``fallback``."""
-        values = {
-            name: getattr(self, name) if getattr(self, name) is not None else getattr(fallback, name)
-            for name in ("pp", "tp", "dp", "nodes", "gpus_per_node", "model", "metadata", "world_size")
-        }
-        return ParallelLayout(**values, source=self.source or fallback.source)
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from msgspec.structs import astuple
 
 from tracecal.errors import TraceFormatError
 from tracecal.schema import EVENTS, arrow_schema
+from tracecal.vocabulary import DEVICE_TRACK_KINDS
 
 KIND_BY_CATEGORY: dict[str, str] = {
     "cpu_op": "cpu_op",
@@ -50,8 +51,6 @@ KIND_BY_CATEGORY: dict[str, str] = {
 }
 """Raw Kineto category (every era) -> normalised ``events.kind``; anything else is ``other``."""
 
-GPU_KINDS = frozenset({"kernel", "memcpy", "memset", "gpu_user_annotation", "sync"})
-"""Kinds whose pid/tid are a device and a stream (device/stream columns are filled for them)."""
 
 _Int = int | float | str | None
 """Integer args as written: some profilers write them as strings (ROCm ``"bytes": "128"``); they are
@@ -311,7 +310,7 @@ def events_to_batch(
         core = _Rows.of(args, None, ints)
     pid = _id_ints(top["pid"])
     tid = _id_ints(top["tid"])
-    gpu_codes = [i for i, k in enumerate(kinds) if k in GPU_KINDS]
+    gpu_codes = [i for i, k in enumerate(kinds) if k in DEVICE_TRACK_KINDS]
     if gpu_codes:
         is_gpu = pc.fill_null(pc.is_in(category.indices, pa.array(gpu_codes, pa.int32())), False)
         device = _narrow(pc.if_else(is_gpu, pc.coalesce(core.ints("device"), pid), _NULL_INT64), pa.int32())

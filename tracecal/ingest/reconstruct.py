@@ -46,13 +46,13 @@ from tracecal.ingest.decoded_run import (
     occurrences,
     read_decoded_run,
 )
-from tracecal.ingest.discover import ParallelLayout
 from tracecal.ingest.gpumodeling25_tables import MODULE_TIMES_KEY, NEOX_LOG_KEY
 from tracecal.ingest.input_dims import is_collective_operator, message_elements
 from tracecal.ingest.neox_log import NeoxLog
 from tracecal.ingest.pipeline_schedule import stage_instructions
 from tracecal.ingest.rebuilt_trace import GROUPS, PRECISION_TYPES, SCOPE, rank_events, types_for
 from tracecal.ingest.trace import ParsedRank
+from tracecal.vocabulary import ParallelLayout
 
 _MODULE_SPAN = {"fwd": "stage_fwd", "bwd": "stage_bwd", "reduce_grads": "dp_allreduce", "optimizer_step": "optimizer"}
 """The run-level measured module whose mean span pins the gaps of each table (``occurrences``)."""

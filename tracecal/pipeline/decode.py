@@ -29,7 +29,6 @@ import polars as pl
 from tracecal.decode.align import apply_offsets, best_iteration, clock_offsets, match_collectives
 from tracecal.decode.frames import with_series
 from tracecal.decode.iterations import DEFAULT_MARKER, MARKER_KINDS, iteration_windows
-from tracecal.decode.link import GPU_KINDS, RUNTIME_KINDS
 from tracecal.decode.rank import DECODE_COLUMNS, RankDecode, decode_ranks
 from tracecal.decode.topology import group_topology
 from tracecal.decode.windows import (
@@ -40,7 +39,6 @@ from tracecal.decode.windows import (
     window_firsts,
 )
 from tracecal.errors import TraceFormatError
-from tracecal.ingest.discover import ParallelLayout
 from tracecal.schema import COLLECTIVES, ITERATIONS, OPERATORS
 from tracecal.sql.loaders import (
     delete_derived_rows,
@@ -57,6 +55,7 @@ from tracecal.sql.loaders import (
     window_intervals,
     window_times,
 )
+from tracecal.vocabulary import GPU_ACTIVITY_KINDS, RUNTIME_KINDS, ParallelLayout
 
 
 @dataclass(frozen=True)
@@ -186,7 +185,7 @@ def _decode_in_windows(
     if len(firsts) < 2:
         return None
     bounds = [starts[f] for f in firsts[1:]]  # the CPU start of each window after the first
-    gpu_events, min_lag, max_lag = launch_lags(con, run_id, rank, GPU_KINDS, RUNTIME_KINDS)
+    gpu_events, min_lag, max_lag = launch_lags(con, run_id, rank, GPU_ACTIVITY_KINDS, RUNTIME_KINDS)
     context, first_window, last_window = _context_rows(con, run_id, rank, bounds)
     positions = np.arange(its.height)
     ends = [*firsts[1:], its.height]
@@ -198,7 +197,12 @@ def _decode_in_windows(
         hi = bounds[w] if w < len(bounds) else None
         read = pl.from_arrow(
             read_window_events(
-                con, run_id, rank, DECODE_COLUMNS, (GPU_KINDS, RUNTIME_KINDS), _read_bounds(lo, hi, min_lag, max_lag)
+                con,
+                run_id,
+                rank,
+                DECODE_COLUMNS,
+                (GPU_ACTIVITY_KINDS, RUNTIME_KINDS),
+                _read_bounds(lo, hi, min_lag, max_lag),
             )
         )
         assert isinstance(read, pl.DataFrame)
@@ -246,7 +250,7 @@ def _context_rows(
     the first and last window each is context for: found from their times a batch at a time
     (``crossing_windows``), then only those rows read whole."""
     found: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-    for batch in window_intervals(con, run_id, rank, GPU_KINDS):
+    for batch in window_intervals(con, run_id, rank, GPU_ACTIVITY_KINDS):
         found.append(
             crossing_windows(
                 batch.column("event_id").to_numpy(),

@@ -35,7 +35,6 @@ from tracecal.errors import RankConflictError, TracecalError
 from tracecal.ingest.decoded_sources import decoded_run_sources
 from tracecal.ingest.discover import (
     DiscoveredRun,
-    ParallelLayout,
     TraceFile,
     discover_run,
     layout_from_process_groups,
@@ -60,6 +59,7 @@ from tracecal.sql.loaders import (
     insert_rows,
     set_ingest_seconds,
 )
+from tracecal.vocabulary import ParallelLayout
 
 
 @dataclass(frozen=True)

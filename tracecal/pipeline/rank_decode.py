@@ -25,12 +25,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tracecal.errors import RankConflictError
-from tracecal.ingest.discover import ParallelLayout, TraceFile, layout_from_process_groups, resolve_rank
+from tracecal.ingest.discover import TraceFile, layout_from_process_groups, resolve_rank
 from tracecal.ingest.shards import parse_for_loader
 from tracecal.ingest.trace import EventsFile, ParsedRank
 from tracecal.pipeline.decode import RankParts, decode_rank_parts
 from tracecal.schema import OPERATORS, arrow_schema
 from tracecal.sql.loaders import SHARD_RUN_ID, shard_as_events
+from tracecal.vocabulary import ParallelLayout
 
 WORKER_DUCKDB_MEMORY = "1GB"
 """Memory a worker's DuckDB may hold (its whole-rank queries, such as the window sizes and the intervals

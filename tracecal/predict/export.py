@@ -28,9 +28,9 @@ import numpy as np
 import orjson
 import polars as pl
 
-from tracecal.ingest.kineto_events import GPU_KINDS as EVENT_GPU_KINDS
 from tracecal.predict.components import node_components
 from tracecal.predict.graph import ReplayGraph
+from tracecal.vocabulary import DEVICE_TRACK_KINDS
 
 PREDICTED_PID_OFFSET = 1_000_000
 """Added to a rank's process id for its predicted timeline (``--what both``)."""
@@ -139,7 +139,7 @@ def measured_spans(events: pl.DataFrame) -> pl.DataFrame:
     ``predicted_dur_ns``, ``duration_source``, ``match_id``/``collective``) -> spans of the measured
     timeline. GPU activity goes on its device's stream track, everything else on its (pid, tid)
     thread; an event with no thread (Kineto's own profiler span) on a ``profiler`` track."""
-    is_gpu = pl.col("kind").is_in(list(EVENT_GPU_KINDS))
+    is_gpu = pl.col("kind").is_in(list(DEVICE_TRACK_KINDS))
     no_tid = pl.col("tid").is_null()
     cpu_key = pl.format("cpu:{}:{}", pl.col("pid").fill_null(-1), pl.col("tid"))
     gpu_key = pl.format("gpu:{}:{}", pl.col("device").fill_null(-1), pl.col("stream").fill_null(-1))

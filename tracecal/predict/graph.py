@@ -44,9 +44,7 @@ import polars as pl
 
 from tracecal.errors import PredictionError
 from tracecal.predict.edges import EDGE_KINDS, Absorbed, infer_edges
-
-GPU_KINDS = ("kernel", "memcpy", "memset")
-"""Operator kinds that run on a GPU stream (the rest are CPU operators of CPU-only traces)."""
+from tracecal.vocabulary import GPU_ACTIVITY_KINDS
 
 CARRY_IN_SCHEMA = {"rank": pl.Int64, "stream": pl.Int64, "busy_until_ns": pl.Int64}
 """``ReplayInputs.carry_in``: per GPU stream, the end of the work it ran before the iteration."""
@@ -291,7 +289,7 @@ def _node_table(inputs: ReplayInputs, offsets: pl.DataFrame) -> pl.DataFrame:
         acts = acts.with_columns(pl.col("cpu_tid").alias("tid"))
     # only what the edges and tables need travels with the nodes; features stay in ReplayGraph.features
     acts = acts.select([c for c in _NODE_COLUMNS if c in acts.columns])
-    is_gpu = pl.col("kind").is_in(GPU_KINDS)
+    is_gpu = pl.col("kind").is_in(GPU_ACTIVITY_KINDS)
     offset = _by_rank(offsets, "_offset").fill_null(0)
     acts = acts.with_columns(
         pl.lit("activity").alias("node_kind"),

@@ -35,7 +35,6 @@ import polars as pl
 
 from tracecal.errors import PredictionError
 from tracecal.ingest.decoded_run import POSITIONS, DecodedRun, occurrences, read_decoded_run
-from tracecal.ingest.discover import ParallelLayout
 from tracecal.ingest.gpumodeling25_tables import NEOX_LOG_KEY
 from tracecal.ingest.neox_log import NeoxLog, parse_neox_log
 from tracecal.ingest.reconstruct import (
@@ -57,6 +56,7 @@ from tracecal.predict.layouts import (
     partition_rule,
 )
 from tracecal.predict.relayout_shapes import ModelDims, ShapeMap, rewrite_dims_text, shape_map, work_ratio
+from tracecal.vocabulary import ParallelLayout
 
 _SPAN = {"fwd": "stage_fwd", "bwd": "stage_bwd", "reduce_grads": "dp_allreduce", "optimizer_step": "optimizer"}
 """The run-level measured module whose mean span fixes each table's occurrence count (as ``reconstruct``)."""
