@@ -239,9 +239,9 @@ class DurationRegressor:
 
     def fit(self, features: pl.DataFrame, durations_ns: np.ndarray) -> DurationRegressor:
         y = np.asarray(durations_ns, dtype=np.float64)
-        return self._fit_on(PhysicalBaseline(self.physical_columns).fit(features, y), features, y)
+        return self.fit_on_baseline(PhysicalBaseline(self.physical_columns).fit(features, y), features, y)
 
-    def refit(
+    def fit_on_baseline(
         self,
         baseline: PhysicalBaseline,
         features: pl.DataFrame,
@@ -250,22 +250,12 @@ class DurationRegressor:
         local: dict[str, Any] | None = None,
         booster: Any = None,
     ) -> DurationRegressor:
-        """This regressor as ``fit`` left it, from what the model store keeps of it: the fitted
-        ``baseline`` and ``booster`` as saved, the smoother fitted again with its stored choice
-        ``local`` (``k``, ``kernel``, ``degree``: no search) and the forest fitted again on the same
-        rows (seeded: the same trees). The steps after the baseline are ``fit``'s own."""
-        return self._fit_on(baseline, features, np.asarray(durations_ns, dtype=np.float64), local, booster)
-
-    def _fit_on(
-        self,
-        baseline: PhysicalBaseline,
-        features: pl.DataFrame,
-        y: np.ndarray,
-        local: dict[str, Any] | None = None,
-        booster: Any = None,
-    ) -> DurationRegressor:
-        """Fit the residual models of this kind on top of the fitted ``baseline`` (a given ``booster``
-        is kept instead of fitted)."""
+        """Fit the residual models of this kind on top of a fitted ``baseline``: ``fit``'s steps after
+        the baseline. The model store rebuilds a stored regressor with it from what it keeps: the
+        baseline and ``booster`` as saved (kept, not fitted), the smoother's stored choice ``local``
+        (``k``, ``kernel``, ``degree``: no search) and the same rows (the seeded forest grows the
+        same trees)."""
+        y = np.asarray(durations_ns, dtype=np.float64)
         if self.kind not in MODEL_KINDS:
             raise CalibrationError(f"unknown model kind {self.kind!r}; expected one of {', '.join(MODEL_KINDS)}")
         self.baseline_ = baseline

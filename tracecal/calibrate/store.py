@@ -267,7 +267,7 @@ class StoredModel:
         try:
             # deterministic: the forest is seeded and the smoother has no seed, so the same rows give
             # the same trees and neighbourhoods
-            model.refit(baseline, features, y, local=meta.get("local"), booster=booster)
+            model.fit_on_baseline(baseline, features, y, local=meta.get("local"), booster=booster)
         except (CalibrationError, KeyError, TypeError, ValueError) as exc:
             what = f"its stored smoother {meta['local']}" if meta.get("local") is not None else "it"
             raise CalibrationError(
