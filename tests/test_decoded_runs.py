@@ -120,7 +120,7 @@ def test_measured_replay_within_3_percent_of_train_batch(llemma_db: Path) -> Non
 def test_validate_csv_has_the_published_columns(llemma_db: Path) -> None:
     out = runner.invoke(app, ["validate", "--mode", "measured", "--format", "csv", "--db", str(llemma_db)])
     assert out.exit_code == 0, out.output
-    lines = out.output.strip().splitlines()
+    lines = out.stdout.strip().splitlines()  # the CSV; progress lines go to stderr
     assert tuple(lines[0].split(",")) == CSV_COLUMNS
     assert len(lines) == 11  # ten published components of one run
 
