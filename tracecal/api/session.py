@@ -27,7 +27,6 @@ if TYPE_CHECKING:  # the cores load when a method runs: `import tracecal` stays 
     import pyarrow as pa
 
     from tracecal.calibrate import Calibration
-    from tracecal.ingest.discover import ParallelLayout
     from tracecal.pipeline.ingest import IngestReport, Progress
     from tracecal.predict.diff import Diff
     from tracecal.predict.durations import DurationModel
@@ -37,6 +36,7 @@ if TYPE_CHECKING:  # the cores load when a method runs: `import tracecal` stays 
     from tracecal.predict.search import SearchResult
     from tracecal.predict.store import StoredIteration
     from tracecal.sql.iterations import IterationReport
+    from tracecal.vocabulary import ParallelLayout
 
 Mode = Literal["measured", "predicted", "scaled"]
 
@@ -212,8 +212,8 @@ class Session:
         per run; re-ingesting replaces). ``progress`` gets a `pipeline.ingest.Progress` after each file."""
         import os
 
-        from tracecal.ingest.discover import ParallelLayout
         from tracecal.pipeline.ingest import INGEST_THREADS, IngestOptions, ingest_runs
+        from tracecal.vocabulary import ParallelLayout
 
         if on_error not in ("raise", "skip"):
             raise TracecalError(f"--on-error must be raise or skip, not {on_error!r}")
@@ -254,7 +254,7 @@ class Session:
         files, events, kernels, seconds, mb_per_s, warnings. Other options as `ingest_report`."""
         import polars as pl
 
-        from tracecal.ingest.discover import ParallelLayout
+        from tracecal.vocabulary import ParallelLayout
 
         layout = ParallelLayout(pp=pp, tp=tp, dp=dp, nodes=nodes, gpus_per_node=gpus_per_node)
         report = self.ingest_report(paths, cluster=cluster, layout=layout, **options)
