@@ -397,8 +397,8 @@ def _predict(
             {c: errors.get(c) for c in COMPUTE_COMPONENTS if c in errors},
         )
         stdout.print(f"[bold]{first}[/]", highlight=False)
-        for line in rest:
-            stdout.print(line, highlight=False)
+        for text in rest:
+            stdout.print(text, highlight=False)
         stdout.print(
             f"iteration: measured {it['measured_ns'] / 1e6:.1f} ms, predicted {it['predicted_ns'] / 1e6:.1f} ms{also}; "
             f"{100 * predicted.coverage['all']:.0f} % of operator time predicted by a model",

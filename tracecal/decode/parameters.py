@@ -63,7 +63,7 @@ def parameter_groups(rows: Iterable[dict[str, Any]]) -> dict[int, StepParameters
         period = next(p for p in range(1, n + 1) if n % p == 0 and all(seq[i] == seq[i % p] for i in range(n)))
         one_pass = seq[:period]
         elements: Counter[str | None] = Counter()
-        for shape, dtype in one_pass:
-            elements[dtype] += math.prod(shape)
+        for tensor_shape, dtype in one_pass:
+            elements[dtype] += math.prod(tensor_shape)
         out[rank] = StepParameters(sum(math.prod(s) for s, _ in one_pass), period, elements.most_common(1)[0][0])
     return out

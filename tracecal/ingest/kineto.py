@@ -222,7 +222,7 @@ def _split_ranks(
     stray = (
         pc.sum(pc.invert(pc.fill_null(pc.is_in(table.column("pid"), pids), False))).as_py()
         if table is not None
-        else _stray_rows(events, pids)  # type: ignore[arg-type]
+        else _stray_rows(events, pids)
     )
     if stray:
         raise TraceFormatError(
@@ -232,7 +232,7 @@ def _split_ranks(
     parts: dict[int, tuple[pa.Table | EventsFile, set[int]]] = (
         {pid: _with_devices(table.filter(pc.equal(table.column("pid"), pid))) for pid in ranks}
         if table is not None
-        else _split_events_file(events, ranks)  # type: ignore[arg-type]
+        else _split_events_file(events, ranks)
     )
     out = []
     for pid, rank in sorted(ranks.items(), key=lambda item: item[1]):

@@ -171,7 +171,7 @@ class MetadataEvent(IncompleteEvent, tag="M", gc=False):
 
     name: str | None = None
     pid: int | str | None = None
-    args: ProcessArgs | None = None
+    args: ProcessArgs | None = None  # type: ignore[valid-type]
 
 
 PROCESS_METADATA = ("process_name", "process_labels")

@@ -567,7 +567,7 @@ def _loss_rows(stage: int, shape: RunShape, opt: pl.DataFrame) -> pl.DataFrame:
     if small.height == 0:
         return pl.DataFrame(schema={k: v for k, v in ROW_SCHEMA.items() if k not in _PLAN_COLUMNS})
     dur, gap = int(small["dur_ns"].min()), int(small["gap_ns"].median())  # type: ignore[arg-type]
-    rows = []
+    rows: list[tuple[str, str, int, str, str, str | None]] = []
     if stage == shape.pp - 1 and shape.dp > 1:
         rows.append((LOSS_ALLREDUCE_KERNEL, "nccl:all_reduce", 1, "allreduce", "dp", None))
     rows.append((LOSS_BROADCAST_KERNEL, "nccl:broadcast", 2, "broadcast", "pp", "loss"))

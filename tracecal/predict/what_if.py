@@ -214,7 +214,7 @@ def measured_fallback(prediction: Prediction) -> pl.DataFrame:
         if span.len() == 0 or not span[0]:
             continue
         busy = breakdown(
-            (int(part["start_ns"].min()), int(part["end_ns"].max())),
+            (int(part["start_ns"].to_numpy().min()), int(part["end_ns"].to_numpy().max())),
             part["start_ns"].to_numpy(),
             part["end_ns"].to_numpy(),
             np.zeros(part.height, dtype=np.int64),

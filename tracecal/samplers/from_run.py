@@ -121,7 +121,7 @@ def _dtype(types: list[Any], index: int) -> str | None:
     return normalize_dtype(tensor_types[index]) if len(tensor_types) > index else None
 
 
-def _rows(x: list[int]) -> dict[str, int]:
+def _rows(x: list[int]) -> dict[str, Any]:
     return {"tokens": math.prod(x[:-1]) if len(x) > 1 else 1, "hidden": x[-1]}
 
 
@@ -464,11 +464,11 @@ def _steps(
             out[(rank, step)] = f"no sampler for the {which.group(1) if which else step} optimizer"
         elif rank not in groups:
             out[(rank, step)] = "parameters unknown (no torch::autograd::AccumulateGrad in the iteration)"
-        elif groups[rank].dtype not in DTYPE_NAMES:
-            out[(rank, step)] = f"parameter dtype {groups[rank].dtype or 'unknown'} is not sampled"
+        elif (dtype := groups[rank].dtype) is None or dtype not in DTYPE_NAMES:
+            out[(rank, step)] = f"parameter dtype {dtype or 'unknown'} is not sampled"
         else:
             p = groups[rank]
-            out[(rank, step)] = _point("optimizer", step, p.dtype, params=p.params, tensors=p.tensors,
+            out[(rank, step)] = _point("optimizer", step, dtype, params=p.params, tensors=p.tensors,
                                        impl=_step_impl(ops))  # fmt: skip
     return out
 
