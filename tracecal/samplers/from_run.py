@@ -10,9 +10,11 @@ causality, the memcpy kind) and maps each to the grid point of the compute sampl
 - a backward op (``native_layer_norm_backward``, ``_cudnn_attention_backward``,
   ``embedding_dense_backward``, ...) is the ``bwd`` point of its forward op, with the forward call's
   shape (the sampler's ``bwd`` convention, see ``cases``);
-- every call inside an ``Optimizer.step#<Class>.step`` annotation is part of one optimizer-step point
-  over the rank's parameters (``parameter_groups``: the parameters the autograd engine accumulated
-  gradients into), with the step's implementation (fused, foreach or a per-parameter loop);
+- on a GPU trace, every call inside an ``Optimizer.step#<Class>.step`` annotation is part of one
+  optimizer-step point over the rank's parameters (``parameter_groups``: the parameters the autograd
+  engine accumulated gradients into), with the step's implementation (fused, foreach or a
+  per-parameter loop); on a CPU-only trace the step's calls are points of their own, as the replay
+  and the in-trace check score them (``calibrate.in_trace.STEP_KINDS``);
 - memsets and memcpys belong to the call that issued them (a cuBLAS workspace memset is part of its
   mm; a same-dtype ``copy_`` is a device-to-device memcpy; a ``copy_`` from host memory is a
   host-to-device memcpy, pinned or pageable as traced).

@@ -15,7 +15,8 @@
 --   causal             attention causality as decoded (NULL when unknown or not attention)
 --   memcpy             the memcpy's name (Memcpy HtoD (Pinned -> Device), ...) for memcpy rows
 --   list_element_bytes element size a TensorList call's kernel moved (OpaqueType<N> in its name)
---   optimizer_step     the Optimizer.step#<Class>.step annotation around the CPU operator, if any
+--   optimizer_step     the Optimizer.step#<Class>.step annotation around the CPU operator of a GPU
+--                      activity, if any (CPU-only traces: NULL, their step's operators stand alone)
 --   step_rank          the rank of that step (each rank steps its own parameters)
 --   operators          operator rows with this call signature
 --   total_ns           their summed duration, ns
@@ -50,6 +51,9 @@ LEFT JOIN events AS e
     ON e.run_id = o.run_id AND e.rank = o.rank AND e.event_id = o.cpu_op_event_id
 LEFT JOIN steps AS s
     ON s.rank = o.rank AND s.tid = o.cpu_tid AND o.cpu_op_ts_ns BETWEEN s.start_ns AND s.end_ns
+    -- a step is sampled whole on GPU work only (vocabulary.GPU_ACTIVITY_KINDS, calibrate.in_trace
+    -- STEP_KINDS): on a CPU-only trace its leaf operators are sampled and replayed one by one
+    AND o.kind IN ('kernel', 'memcpy', 'memset')
 WHERE o.run_id = $1
   AND o.family IS DISTINCT FROM 'comm'
   AND (o.iteration = (SELECT iteration FROM best) OR NOT EXISTS (SELECT 1 FROM best))
