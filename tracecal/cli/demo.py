@@ -100,7 +100,7 @@ def demo(
     """Run the whole loop on this machine: train the reference GPT (PP2 by default) with local gloo
     ranks under torch.profiler, ingest the traces, sample the traced shapes on this CPU, calibrate a
     'local' cluster, replay the best iteration (measured and predicted), and print the error tables
-    and where the figures are. 61–125 CPU-s on 2 cores (benchmarks/RESULTS.md). --device cuda runs it
+    and where the figures are. Minutes on 2 cores (measured: benchmarks/RESULTS.md). --device cuda runs it
     on GPUs, with a model that keeps them busy."""
     with user_errors():
         from dataclasses import replace

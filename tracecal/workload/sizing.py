@@ -1,12 +1,13 @@
 """How big a reference model `tracecal demo --device cuda` trains: GPU-bound, and fitting the device.
 
-A tiny model on a GPU measures the CPU: on an H200 the demo's default GPT (hidden 256, fp32) kept
-the GPU busy 4.4 ms of a 55 ms iteration (8 %), so its iteration error said nothing about the
-models. ``gpu_demo_config(memory_bytes, ...)`` picks the largest of ``GPU_DEMO_SIZES`` whose
-estimated training memory (``training_bytes``) fits in ``MEMORY_SHARE`` of the device's memory.
-The largest is the configuration traced on that H200 (``../shared/data/gpu/h200/gpt_h2048_l8_bf16``:
-96 % of its best iteration busy). A bigger model would add sampling time, not busy share. The
-smaller sizes are for GPUs that cannot hold it; those GPUs are slower, so each launch carries more
+A tiny model on a GPU measures the CPU: the demo's default GPT (hidden 256, fp32) leaves the GPU
+idle most of an iteration (``../shared/data/gpu/h200/demo_tiny``), so its iteration error says
+nothing about the models. ``gpu_demo_config(memory_bytes, ...)`` picks the largest of
+``GPU_DEMO_SIZES`` whose estimated training memory (``training_bytes``) fits in ``MEMORY_SHARE`` of
+the device's memory. The largest is the configuration traced on that H200
+(``../shared/data/gpu/h200/gpt_h2048_l8_bf16``, GPU-bound; busy shares in benchmarks/RESULTS.md). A
+bigger model would add sampling time, not busy share. The smaller sizes are for GPUs that cannot
+hold it; those GPUs are slower, so each launch carries more
 GPU work. Below the smallest, the tiny configuration runs, and the demo's headline turns to the
 compute components when the share it measures says the run was CPU-bound.
 
