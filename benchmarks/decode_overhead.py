@@ -123,7 +123,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child is not None:  # one timed ingest for --cold, imported first as ingest_vs_hta.py does
         _prepare_parsing_process()
-        for module in ("tracecal.ingest.kineto", "pyarrow.compute"):
+        for module in ("tracecal.sources.kineto.parser", "pyarrow.compute"):
             importlib.import_module(module)
         if args.warm_up:
             _ingest(args.child, args.workers, True)

@@ -130,9 +130,9 @@ def _measure_parse_load(path: Path) -> dict[str, Any]:
     import pyarrow as pa
 
     from tracecal.config import resolve_cache_dir
-    from tracecal.ingest.kineto import parse_kineto_file
     from tracecal.ingest.trace import EventsFile
     from tracecal.pipeline.ingest import INGEST_THREADS
+    from tracecal.sources.kineto.parser import parse_kineto_file
     from tracecal.sql.connection import open_database
     from tracecal.sql.loaders import insert_events, insert_events_file
 

@@ -112,7 +112,7 @@ def _measure_tracecal(run: Path, workers: int, dask: str | None = None) -> dict[
     import importlib
 
     # The parser, DuckDB, polars and the loader imported first (untimed, as HTA's imports are).
-    for module in ("tracecal.ingest.kineto", "tracecal.ingest.executors", "pyarrow.vendored.version", "polars"):
+    for module in ("tracecal.sources.kineto.parser", "tracecal.ingest.executors", "pyarrow.vendored.version", "polars"):
         importlib.import_module(module)
     from tracecal.config import resolve_cache_dir
     from tracecal.pipeline import ingest as pipeline_ingest

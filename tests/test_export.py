@@ -22,10 +22,10 @@ from typer.testing import CliRunner
 
 from tests.conftest import KINETO
 from tracecal.cli.main import app
-from tracecal.ingest.kineto import parse_kineto_file
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict import export as ex
 from tracecal.predict.export_store import export_run
+from tracecal.sources.kineto.parser import parse_kineto_file
 from tracecal.sql.connection import open_database
 
 DLRM = KINETO / "dlrm_8rank"

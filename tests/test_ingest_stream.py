@@ -16,11 +16,12 @@ import pytest
 
 from tests.conftest import KINETO
 from tracecal.errors import TraceFormatError
-from tracecal.ingest import event_chunks, kineto
-from tracecal.ingest.kineto import parse_kineto_file
+from tracecal.ingest import event_chunks
 from tracecal.ingest.trace import EventsFile
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.schema import RUN_TABLES
+from tracecal.sources.kineto import parser
+from tracecal.sources.kineto.parser import parse_kineto_file
 from tracecal.sql.connection import open_database
 
 SHARED = [
@@ -45,14 +46,14 @@ def _facts(parsed: object) -> dict[str, object]:
 @pytest.fixture
 def streamed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every document streamed, in chunks of a few events."""
-    monkeypatch.setattr(kineto, "DIRECT_DECODE_BYTES", 0)
+    monkeypatch.setattr(parser, "DIRECT_DECODE_BYTES", 0)
     monkeypatch.setattr(event_chunks, "CHUNK_BYTES", 1500)
 
 
 @pytest.mark.parametrize("path", SHARED, ids=lambda p: p.name[:30])
 def test_streamed_parse_gives_the_whole_document_rows(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     whole = parse_kineto_file(path)
-    monkeypatch.setattr(kineto, "DIRECT_DECODE_BYTES", 0)
+    monkeypatch.setattr(parser, "DIRECT_DECODE_BYTES", 0)
     monkeypatch.setattr(event_chunks, "CHUNK_BYTES", 20_000)
     streamed = parse_kineto_file(path)
     assert isinstance(whole.events, pa.Table) and isinstance(streamed.events, pa.Table)
@@ -164,7 +165,7 @@ def test_a_run_of_spilled_ranks_stores_the_rows_of_held_ones(tmp_path: Path, mon
     dbs = []
     for name in ("held", "spilled"):
         if name == "spilled":
-            monkeypatch.setattr(kineto, "DIRECT_DECODE_BYTES", 0)
+            monkeypatch.setattr(parser, "DIRECT_DECODE_BYTES", 0)
             monkeypatch.setattr(event_chunks, "CHUNK_BYTES", 50_000)
         db = tmp_path / f"{name}.duckdb"
         with open_database(db) as con:
@@ -179,7 +180,7 @@ def test_values_of_earlier_chunks_stay_intact_while_they_are_kept(tmp_path: Path
     keeps every chunk's events (their raw ``Input Dims`` slices point into the buffers) reads them intact."""
     from functools import partial
 
-    from tracecal.ingest.kineto_events import decode_events
+    from tracecal.sources.kineto.events import decode_events
 
     events = [
         {"ph": "X", "cat": "cpu_op", "name": f"op{i}", "ts": i, "dur": 1, "args": {"Input Dims": [[i, i + 1]]}}

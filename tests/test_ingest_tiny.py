@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from tests.conftest import KINETO
 from tracecal.errors import TraceFormatError
-from tracecal.ingest import event_chunks, kineto
+from tracecal.ingest import event_chunks
 from tracecal.ingest.files import trace_blocks
-from tracecal.ingest.kineto import parse_kineto_file
+from tracecal.sources.kineto import parser
+from tracecal.sources.kineto.parser import parse_kineto_file
 
 
 def _write(path: Path, events: list[dict[str, object]], **top: object) -> Path:
@@ -221,7 +222,7 @@ def test_streamed_decoding_matches_direct_decoding(tmp_path: Path, monkeypatch: 
     events.insert(3, {"ph": "i", "name": "instant", "ts": 2})
     path = _write(tmp_path / "t.json", events)
     direct = parse_kineto_file(path).events
-    monkeypatch.setattr(kineto, "DIRECT_DECODE_BYTES", 0)
+    monkeypatch.setattr(parser, "DIRECT_DECODE_BYTES", 0)
     monkeypatch.setattr(event_chunks, "CHUNK_BYTES", 100)
     batched = parse_kineto_file(path).events
     assert batched.to_pylist() == direct.to_pylist()
@@ -234,7 +235,7 @@ def test_error_index_is_the_event_index_in_the_file(tmp_path: Path, monkeypatch:
     path = _write(tmp_path / "t.json", events)
     with pytest.raises(TraceFormatError, match=r"t\.json: event 3, key args\.correlation"):
         parse_kineto_file(path)
-    monkeypatch.setattr(kineto, "DIRECT_DECODE_BYTES", 0)
+    monkeypatch.setattr(parser, "DIRECT_DECODE_BYTES", 0)
     monkeypatch.setattr(event_chunks, "CHUNK_BYTES", 100)
     with pytest.raises(TraceFormatError, match=r"t\.json: event 3, key args\.correlation"):
         parse_kineto_file(path)
@@ -401,7 +402,7 @@ def test_chunked_conversion_matches_one_batch_and_reads_both_dims_keys(
                        "args": {key: [[i, 2], [2, 2]]}})  # fmt: skip
     path = _write(tmp_path / "t.json", events)
     whole = _rows(path)
-    monkeypatch.setattr(kineto, "CHUNK_EVENTS", 8)
+    monkeypatch.setattr(parser, "CHUNK_EVENTS", 8)
     chunked = _rows(path)
     assert chunked == whole
     assert [r["input_dims"] for r in whole] == [f"[[{i},2],[2,2]]" for i in range(40)]

@@ -18,9 +18,9 @@ from tests.conftest import KINETO
 from tests.test_export import OPERATOR_COLUMNS, _differences, _ingest
 from tracecal.cli.main import app
 from tracecal.errors import TraceFormatError
-from tracecal.ingest import kineto
-from tracecal.ingest.kineto import parse_kineto_ranks
 from tracecal.ingest.trace import EventsFile
+from tracecal.sources.kineto import parser
+from tracecal.sources.kineto.parser import parse_kineto_ranks
 
 DLRM = KINETO / "dlrm_8rank"
 runner = CliRunner()
@@ -59,7 +59,7 @@ def test_a_spilled_multi_rank_file_is_split_like_one_held_whole(
 ) -> None:
     """A file too large to hold is streamed to Parquet; its ranks are split from it in one pass."""
     held = {r.rank: r.events for r in parse_kineto_ranks(exported[1])}
-    monkeypatch.setattr(kineto, "DIRECT_DECODE_BYTES", 1 << 16)
+    monkeypatch.setattr(parser, "DIRECT_DECODE_BYTES", 1 << 16)
     spilled = parse_kineto_ranks(exported[1], tmp_path)
     assert [r.rank for r in spilled] == sorted(held)
     for rank in spilled:

@@ -97,7 +97,7 @@ class InProcess:
         pass
 
 
-WARM_MODULES = ["tracecal.ingest.kineto", "tracecal.ingest.shards"]
+WARM_MODULES = ["tracecal.sources.kineto.parser", "tracecal.ingest.shards"]
 """Imported once by the fork server, so each worker process starts with the parser loaded."""
 
 

@@ -24,7 +24,7 @@ def parse_trace_file(path: Path, spill_dir: Path | None = None) -> list[ParsedRa
     """
     fmt = trace_format(path)
     if fmt == "kineto":
-        from tracecal.ingest.kineto import parse_kineto_ranks
+        from tracecal.sources.kineto.parser import parse_kineto_ranks
 
         return parse_kineto_ranks(path, spill_dir)
     if fmt == "nsys":

@@ -15,9 +15,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from tracecal.ingest.kineto import SHARD_PARQUET
 from tracecal.ingest.parse import parse_trace_file
-from tracecal.ingest.trace import EventsFile, ParsedRank
+from tracecal.ingest.trace import SHARD_PARQUET, EventsFile, ParsedRank
 from tracecal.schema import EVENTS, arrow_schema
 
 

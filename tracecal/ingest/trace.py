@@ -12,6 +12,12 @@ from typing import Any
 
 import pyarrow as pa
 
+SHARD_PARQUET: dict[str, Any] = {"compression": "lz4", "write_statistics": ["ts_ns"]}
+"""How a rank's events are written to Parquet (a spill, a shard, one rank of a split file): lz4, and
+min/max statistics of ``ts_ns`` alone, so that a decode window's range read
+(``sql/queries/decode_window_events.sql``) skips the row groups outside it instead of scanning the
+whole shard once per window; the other columns' statistics would only cost time."""
+
 
 @dataclass(frozen=True)
 class EventsFile:

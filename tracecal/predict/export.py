@@ -10,7 +10,7 @@ track of its own, so such spans are moved here, explicitly, to an *overlap* thre
 the document: complete (``X``) events, process/thread names, and one flow (``s``/``t``/``f``, bound to
 the enclosing slice) per collective instance through its members in time order.
 
-The measured timeline is a Kineto trace as ``trace-ingest`` reads it (``tracecal.ingest.kineto``):
+The measured timeline is a Kineto trace as ``trace-ingest`` reads it (``tracecal.sources.kineto.parser``):
 the categories Kineto writes for each kind, ``ts``/``dur`` in µs with the nanoseconds as three
 decimals (integers when whole), every stored argument under its Kineto key (JSON-valued ones such as
 ``Input Dims`` as JSON), ``device``/``stream`` on GPU activity, and ``distributedInfo`` at the top

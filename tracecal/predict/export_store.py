@@ -3,7 +3,7 @@
 One file (``.json`` or ``.json.gz``) holds every rank, one process each (named ``rank N``), for
 ui.perfetto.dev; a directory (``split_ranks``) holds one Kineto trace per rank and ``run.json``.
 ``trace-ingest`` reads either back as the same run (a file's ``rank N`` processes are its ranks:
-``tracecal.ingest.kineto.ranks_of_processes``); only the split form carries the layout.
+``tracecal.sources.kineto.parser.ranks_of_processes``); only the split form carries the layout.
 """
 
 from __future__ import annotations

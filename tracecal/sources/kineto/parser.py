@@ -1,7 +1,7 @@
 """Kineto (torch.profiler) JSON -> one ``ParsedRank`` of Arrow record batches conforming to ``EVENTS``.
 
 An ordinary document (an object, integer args written as integers, at most ``DIRECT_DECODE_BYTES``)
-is decoded in one pass: its events by the strict decoder of ``kineto_events``, its metadata into the
+is decoded in one pass: its events by the strict decoder of ``events``, its metadata into the
 keys of ``_METADATA``. Any other small one is first split by msgspec into its top-level keys as
 undecoded ``msgspec.Raw`` slices (metadata is small; ``traceEvents`` stays bytes; every small scalar
 key is kept), and its events then decoded. A larger document is never held whole: it is read as a
@@ -39,8 +39,8 @@ import pyarrow.compute as pc
 from tracecal.errors import TraceFormatError
 from tracecal.ingest.event_chunks import open_document
 from tracecal.ingest.files import trace_blocks
-from tracecal.ingest.kineto_events import BATCH_SCHEMA, StrictEvent, decode_events, events_to_batch
-from tracecal.ingest.trace import EventsFile, ParsedRank
+from tracecal.ingest.trace import SHARD_PARQUET, EventsFile, ParsedRank
+from tracecal.sources.kineto.events import BATCH_SCHEMA, StrictEvent, decode_events, events_to_batch
 
 DIRECT_DECODE_BYTES = 256 * 2**20
 """Documents up to this size are read whole and decoded in one call; larger ones as a stream."""
@@ -49,15 +49,9 @@ CHUNK_EVENTS = 131_072
 """Most decoded events turned into one record batch: a streamed chunk (``event_chunks.CHUNK_BYTES``,
 80 000-130 000 events) converts whole, so its batch needs no second pass to unify the dictionaries of
 smaller ones (converting it in small pieces and combining them costs more than it saves); the Structs
-are still transposed a cache-sized block at a time (``kineto_events.TRANSPOSE_ROWS``). A document decoded
+are still transposed a cache-sized block at a time (``events.TRANSPOSE_ROWS``). A document decoded
 in one call is converted this many events at a time, which bounds the per-field lists of a chunk
 (a pointer per event and field) to a few tens of MB."""
-
-SHARD_PARQUET: dict[str, Any] = {"compression": "lz4", "write_statistics": ["ts_ns"]}
-"""How a rank's events are written to Parquet (a spill, a shard, one rank of a split file): lz4, and
-min/max statistics of ``ts_ns`` alone, so that a decode window's range read
-(``sql/queries/decode_window_events.sql``) skips the row groups outside it instead of scanning the
-whole shard once per window; the other columns' statistics would only cost time."""
 
 _ERA_2021 = frozenset({"Operator", "Runtime", "Kernel", "Memcpy", "Memset"})
 _ERA_2024_FLOWS = frozenset({"ac2g", "fwdbwd"})

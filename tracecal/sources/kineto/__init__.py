@@ -1,0 +1,1 @@
+"""Kineto (torch.profiler / PyTorch Kineto) JSON traces: ``parser`` reads a document, ``events`` its events."""
