@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from tracecal.ingest import nsys_tables
-from tracecal.ingest.nsys import parse_nsys_file
+from tracecal.sources.nsys import tables as nsys_tables
+from tracecal.sources.nsys.parser import parse_nsys_file
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "nsys" / "mfu_2gpu_after.sqlite.gz"
 WINDOW_NS = 300_000_000  # the shared export is trimmed to 300 ms
@@ -97,7 +97,7 @@ def best_of(fn: Callable[[Path], int], path: Path, repeat: int) -> tuple[int, fl
 
 def peak_rss_mb(path: Path) -> float:
     """Peak resident memory of a fresh process that parses ``path`` (imports included), MB."""
-    code = "import sys; from pathlib import Path; from tracecal.ingest.nsys import parse_nsys_file; " \
+    code = "import sys; from pathlib import Path; from tracecal.sources.nsys.parser import parse_nsys_file; " \
            "parse_nsys_file(Path(sys.argv[1]))"  # fmt: skip
     child = subprocess.Popen([sys.executable, "-c", code, str(path)])
     _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage

@@ -13,9 +13,9 @@ import pyarrow.compute as pc
 import pytest
 
 from tests.conftest import NSYS
-from tracecal.ingest.nsys import parse_nsys_file
 from tracecal.ingest.trace import ParsedRank
 from tracecal.schema import EVENTS, arrow_schema
+from tracecal.sources.nsys.parser import parse_nsys_file
 
 MFU = NSYS / "mfu_2gpu_after.sqlite.gz"
 MOCK = NSYS / "mock.sqlite.gz"

@@ -9,7 +9,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracecal.ingest.nsys_nvtx import classify_nvtx
+from tracecal.sources.nsys.nvtx import classify_nvtx
 
 
 def classify(*texts: str | None) -> list[dict]:

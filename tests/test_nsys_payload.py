@@ -7,9 +7,9 @@ import struct
 from pathlib import Path
 
 from tests.test_nsys_tiny import gtid, make_export, one_step
-from tracecal.ingest.nsys import parse_nsys_file
-from tracecal.ingest.nsys_payload import HEADER, decode_payload, nccl_ranks, payload_schemas
-from tracecal.ingest.nsys_source import open_export
+from tracecal.sources.nsys.export import open_export
+from tracecal.sources.nsys.parser import parse_nsys_file
+from tracecal.sources.nsys.payload import HEADER, decode_payload, nccl_ranks, payload_schemas
 
 INIT_SCHEMA = 16777218  # the id ncclCommInitRank's schema has in the shared export
 # (name, NVTX entry type, offset): as NVTX_PAYLOAD_SCHEMA_ENTRIES lists them in the shared export

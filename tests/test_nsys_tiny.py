@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 from tracecal.cli.main import app
 from tracecal.errors import InputNotFoundError, TraceFormatError
 from tracecal.ingest.discover import discover_run
-from tracecal.ingest.nsys import _resolve_sync_devices, parse_nsys_file
-from tracecal.ingest.nsys_source import CACHE_DIR_NAME, open_export
+from tracecal.sources.nsys.export import CACHE_DIR_NAME, open_export
+from tracecal.sources.nsys.parser import _resolve_sync_devices, parse_nsys_file
 
 GTID = 1 << 48  # nsys sets a high "hardware/VM" bit in every global id
 

@@ -24,7 +24,7 @@ from tracecal.decode.nesting import ENGINE, NameIndex, enclosing, names_like
 NCCL_DATA_CALL = (
     r"^nccl(AllReduce|AllGather|ReduceScatter|Broadcast|Bcast|Reduce|Send|Recv|AlltoAll|AllToAll|Gather|Scatter)$"
 )
-"""NCCL API ranges that move data (``tracecal.ingest.nsys_nvtx.NCCL_COLLECTIVES``)."""
+"""NCCL API ranges that move data (``tracecal.sources.nsys.nvtx.NCCL_COLLECTIVES``)."""
 _GROUP = r"^ncclGroup(Start|End)$"
 NAME_PATTERNS = (NCCL_DATA_CALL, _GROUP)
 """The name regexes this module matches (``NameIndex`` matches them together)."""

@@ -28,7 +28,7 @@ def parse_trace_file(path: Path, spill_dir: Path | None = None) -> list[ParsedRa
 
         return parse_kineto_ranks(path, spill_dir)
     if fmt == "nsys":
-        from tracecal.ingest.nsys import parse_nsys_file
+        from tracecal.sources.nsys.parser import parse_nsys_file
 
         return parse_nsys_file(path)
     raise TraceFormatError(

@@ -25,9 +25,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracecal.errors import TraceFormatError
-from tracecal.ingest.nsys_nvtx import classify_nvtx
-from tracecal.ingest.nsys_payload import nccl_range_fields, payload_schemas
-from tracecal.ingest.nsys_source import Export
+from tracecal.sources.nsys.export import Export
+from tracecal.sources.nsys.nvtx import classify_nvtx
+from tracecal.sources.nsys.payload import nccl_range_fields, payload_schemas
 
 FETCH_ROWS = 65_536
 """Rows per ``fetchmany`` chunk: bounds the Python objects alive at once."""
@@ -271,7 +271,7 @@ def read_sync(export: Export, offset_ns: int, strings: Strings) -> pa.Table:
 
 
 def read_nvtx(export: Export, offset_ns: int, strings: Strings) -> pa.Table:
-    """``NVTX_EVENTS`` ranges -> ``cpu_op`` / ``user_annotation`` (see ``nsys_nvtx``).
+    """``NVTX_EVENTS`` ranges -> ``cpu_op`` / ``user_annotation`` (see ``nvtx``).
 
     The text is ``text`` when inline, else the ``StringIds`` string of ``textId``; ranges without an
     end (still open when capture stopped) keep a null duration.

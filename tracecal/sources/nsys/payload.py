@@ -18,7 +18,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from tracecal.ingest.nsys_source import Export
+from tracecal.sources.nsys.export import Export
 
 HEADER = struct.Struct("<IIIIQQ")
 ENTRY_FORMATS = {5: "<i", 6: "<I", 15: "<i", 16: "<I", 17: "<q", 18: "<Q", 22: "<Q"}

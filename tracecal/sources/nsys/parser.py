@@ -1,8 +1,8 @@
 """Nsight Systems exports -> ``ParsedRank`` objects, the same hand-over the Kineto parser makes.
 
 ``parse_nsys_file(path)`` reads one ``.sqlite`` / ``.sqlite.gz`` / ``.nsys-rep`` export (see
-``nsys_source``), maps its tables into ``events`` rows with the Kineto kinds and units
-(``nsys_tables``, ``nsys_nvtx``) and splits the file into ranks.
+``export``), maps its tables into ``events`` rows with the Kineto kinds and units
+(``tables``, ``nvtx``) and splits the file into ranks.
 
 Ranks. One export may hold several processes and GPUs (``torchrun`` under one ``nsys profile``), or
 one process per file (``nsys profile -o rank%q{RANK}``). A *rank* is a process that ran GPU activity
@@ -39,11 +39,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tracecal.errors import TraceFormatError
-from tracecal.ingest import nsys_tables as tables
-from tracecal.ingest.nsys_payload import nccl_ranks
-from tracecal.ingest.nsys_source import Export, open_export
 from tracecal.ingest.trace import ParsedRank
 from tracecal.schema import EVENTS, arrow_schema
+from tracecal.sources.nsys import tables
+from tracecal.sources.nsys.export import Export, open_export
+from tracecal.sources.nsys.payload import nccl_ranks
 
 EVENTS_SCHEMA = arrow_schema(EVENTS)
 
