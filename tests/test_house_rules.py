@@ -1,5 +1,5 @@
-"""Rules of the code base that import-linter cannot check: who reads ``sql/queries``, and that importing
-tracecal leaves the process environment alone."""
+"""Rules of the code base that import-linter cannot check: who reads the ``.sql`` files, and that
+importing tracecal leaves the process environment alone."""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ import sys
 from pathlib import Path
 
 import tracecal
-from tracecal.sql.query_files import QUERIES_DIR
+from tracecal.sql.registry import query_names
 
 PACKAGE = Path(tracecal.__file__).parent
-LOADER = PACKAGE / "sql" / "query_files.py"
+LOADER = PACKAGE / "sql" / "registry.py"
+GENERATOR = PACKAGE / "schema.py"
+"""Writes the table DDL files (``python -m tracecal.schema``); it reads none."""
+RUNNER = PACKAGE / "sql" / "query_files.py"
+"""Runs a named query given its name (``query_file``, ``query_frame``)."""
+SQL_DIRECTORIES = {"queries", "views", "macros", "tables"}
 QUERY_CALLS = {"query_text", "query_file", "query_frame"}
 
 
@@ -23,40 +28,58 @@ def _sources() -> list[tuple[Path, ast.Module]]:
     return [(path, ast.parse(path.read_text(), filename=str(path))) for path in sorted(PACKAGE.rglob("*.py"))]
 
 
-def _docstrings(tree: ast.Module) -> set[int]:
-    """ids of the string constants that stand alone as statements: docstrings, attribute docs."""
-    return {
-        id(node.value)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)
-    }
+def _names_sql_files(node: ast.expr) -> bool:
+    """A string (or f-string) that is an ``sql/`` directory's name or ends in ``.sql``."""
+    if isinstance(node, ast.JoinedStr) and node.values:
+        node = node.values[-1]
+    text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+    return text is not None and (text in SQL_DIRECTORIES or text.endswith(".sql"))
 
 
-def test_only_the_query_loader_knows_where_the_query_files_are() -> None:
-    """A path into ``sql/queries`` built anywhere but ``tracecal.sql.query_files`` is a second loader."""
-    offenders = []
-    for path, tree in _sources():
-        if path == LOADER:
-            continue
-        docs = _docstrings(tree)
-        for node in ast.walk(tree):
-            text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
-            if (text == "queries" or "sql/queries" in text) and id(node) not in docs:
-                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
-    assert not offenders, f"read query files with tracecal.sql.query_files.query_text: {offenders}"
+_PATH_CALLS = {"glob", "rglob", "joinpath", "Path", "open"}
+
+
+def _sql_paths(tree: ast.Module) -> list[int]:
+    """Lines that build a path to ``.sql`` files: ``/ "views"``, ``/ f"{name}.sql"``, ``.glob("*.sql")``,
+    ``Path(f"{root}/sql/queries/{name}.sql")``."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and _names_sql_files(node.right):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and any(_names_sql_files(arg) for arg in node.args):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+            if name in _PATH_CALLS:
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_registry_knows_where_the_sql_files_are() -> None:
+    """A path built into ``sql/queries``, ``sql/views``, ``sql/macros`` or ``sql/tables`` anywhere but
+    ``tracecal.sql.registry`` (and the DDL generator, which writes the tables' files) is a second loader."""
+    offenders = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}"
+        for path, tree in _sources()
+        if path not in (LOADER, GENERATOR)
+        for line in _sql_paths(tree)
+    ]
+    assert not offenders, f"read .sql files through tracecal.sql.registry: {offenders}"
+    assert _sql_paths(ast.parse(LOADER.read_text())), "the rule sees the registry's own paths"
+    for line in ('HERE / "views"', 'QUERIES / f"{name}.sql"', 'VIEWS.glob("*.sql")', 'open(f"{d}/x.sql")'):
+        assert _sql_paths(ast.parse(line)) == [1], line
 
 
 def test_every_query_file_is_loaded_by_name_and_every_name_has_a_file() -> None:
     named: dict[str, list[str]] = {}
     for path, tree in _sources():
-        if path == LOADER:
+        if path in (LOADER, RUNNER):
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in QUERY_CALLS:
                 name = node.args[1] if node.func.id != "query_text" else node.args[0]
                 assert isinstance(name, ast.Constant), f"{path}:{node.lineno}: name the query with a literal"
                 named.setdefault(name.value, []).append(f"{path.name}:{node.lineno}")
-    files = {p.stem for p in QUERIES_DIR.glob("*.sql")}
+    files = set(query_names())
     assert sorted(set(named) - files) == [], "names without a query file"
     assert sorted(files - set(named)) == [], "query files nothing runs"
 

@@ -1,6 +1,5 @@
-"""Opening a new database: the schema is made in one transaction, or statement by statement when a
-view cannot bind yet (a failed statement aborts a DuckDB transaction); with a cache directory, a new
-database is a copy of an empty one made once (the template)."""
+"""Opening a new database: the schema is made in one transaction (views in dependency order); with a
+cache directory, a new database is a copy of an empty one made once (the template)."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from tracecal.config import resolve_cache_dir
 from tracecal.schema import TABLES
 from tracecal.sql import connection
 from tracecal.sql.connection import open_database
+from tracecal.sql.registry import view_names
 
 
 def _catalog(path: Path) -> list[tuple[object, ...]]:
@@ -51,26 +51,8 @@ def test_new_database_gets_every_table_and_view_in_one_transaction(
         pass
     tables, views = _objects(tmp_path / "a.duckdb")
     assert {t.name for t in TABLES} <= tables
-    assert {p.stem for p in connection.view_files()} <= views
+    assert set(view_names()) <= views
     assert len(calls) == 1
-
-
-def test_views_in_an_order_that_cannot_bind_fall_back_to_statement_by_statement(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Reversed, a view comes before the view it reads: the transaction is rolled back and the
-    schema made again with retries, so the database ends up complete all the same."""
-    files = connection.view_files()
-    monkeypatch.setattr(connection, "view_files", lambda: list(reversed(files)))
-    calls: list[int] = []
-    ensure = connection.ensure_schema
-    monkeypatch.setattr(connection, "ensure_schema", lambda con: (calls.append(1), ensure(con))[1])
-    with open_database(tmp_path / "b.duckdb"):
-        pass
-    tables, views = _objects(tmp_path / "b.duckdb")
-    assert {t.name for t in TABLES} <= tables
-    assert {p.stem for p in files} <= views
-    assert len(calls) == 2
 
 
 def test_a_new_database_copied_from_the_template_equals_one_made_in_place(
@@ -108,7 +90,7 @@ def test_a_damaged_template_is_dropped_and_the_database_made_in_place(tmp_path: 
     assert not connection.template_path(cache).exists()
     tables, views = _objects(tmp_path / "a.duckdb")
     assert {t.name for t in TABLES} <= tables
-    assert {p.stem for p in connection.view_files()} <= views
+    assert set(view_names()) <= views
 
 
 def test_a_build_left_by_a_dead_process_is_deleted_by_the_next_build(tmp_path: Path) -> None:

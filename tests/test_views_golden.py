@@ -23,10 +23,11 @@ from typer.testing import CliRunner
 
 from tests.conftest import GPUMODELING25, KINETO
 from tracecal.cli.main import app
-from tracecal.sql.connection import VIEWS_DIR, open_database
+from tracecal.sql.connection import open_database
+from tracecal.sql.registry import view_names
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
-VIEWS = sorted(p.stem for p in VIEWS_DIR.glob("*.sql"))
+VIEWS = view_names()
 VOLATILE = {"samples_overview": {"last_sampled_at"}}
 """Columns whose value is the time of the import, not a property of the data: left out."""
 

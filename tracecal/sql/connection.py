@@ -1,5 +1,6 @@
-"""Opening a tracecal database: tables from ``sql/tables/*.sql``, views from ``sql/views/*.sql`` and
-the table macros they share from ``sql/macros/*.sql``.
+"""Opening a tracecal database: its tables, the table macros the views share and its views, as
+``tracecal.sql.registry`` reads them from the package's ``.sql`` files; views are created in
+dependency order.
 
 Callers own the connection (``with open_database(path) as con: ...``); library functions take a
 connection and never open hidden global ones.
@@ -37,10 +38,9 @@ import pyarrow as pa
 
 from tracecal import __version__
 from tracecal.errors import InputNotFoundError, SchemaError
-from tracecal.schema import SCHEMA_VERSION, TABLES, TABLES_DIR, Table
-
-VIEWS_DIR = Path(__file__).parent / "views"
-MACROS_DIR = Path(__file__).parent / "macros"
+from tracecal.schema import SCHEMA_VERSION, TABLES, Table
+from tracecal.sql import registry
+from tracecal.sql.registry import SqlRegistryError, View
 
 _META_DDL = """
 CREATE TABLE IF NOT EXISTS tracecal_meta (key VARCHAR PRIMARY KEY, value VARCHAR);
@@ -104,27 +104,12 @@ def replace_rows(
     return gone
 
 
-def table_ddl_files() -> list[Path]:
-    """The generated table DDL files, in creation order."""
-    return [TABLES_DIR / f"{t.name}.sql" for t in TABLES]
-
-
-def view_files() -> list[Path]:
-    """Every view definition shipped with the package (one view per file)."""
-    return sorted(VIEWS_DIR.glob("*.sql"))
-
-
-def macro_files() -> list[Path]:
-    """Every macro definition the views use (one macro per file, named after the file)."""
-    return sorted(MACROS_DIR.glob("*.sql"))
-
-
 @cache
 def schema_fingerprint() -> str:
     """sha256 of the schema version, every table DDL, macro and view definition this tracecal ships and
     the meta table's own: a version bump alone also takes the full path (and its version check)."""
     digest = hashlib.sha256(f"{SCHEMA_VERSION}\0{_META_DDL}".encode())
-    for path in [*table_ddl_files(), *macro_files(), *view_files()]:
+    for path in registry.sql_files():
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 
@@ -143,7 +128,7 @@ def schema_is_current(con: duckdb.DuckDBPyConnection) -> bool:
     return (
         rows == [(schema_fingerprint(),)]
         and all(stored.get(table.name) == table.column_names for table in TABLES)
-        and all(path.stem in stored for path in view_files())  # a view's columns are listed too
+        and all(name in stored for name in registry.view_names())  # a view's columns are listed too
     )
 
 
@@ -165,8 +150,8 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
             "re-ingest into a new database (--db NEW.duckdb)"
         )
     _check_columns(con)  # before the DDL: its COMMENT ON statements would fail on a foreign table first
-    for path in table_ddl_files():
-        con.execute(path.read_text())
+    for statements in registry.table_ddl():
+        con.execute(statements)
     create_views(con)
     con.execute(
         "INSERT OR REPLACE INTO tracecal_meta VALUES ('schema_fingerprint', ?)",
@@ -203,49 +188,59 @@ def _check_columns(con: duckdb.DuckDBPyConnection) -> None:
 
 
 def create_views(con: duckdb.DuckDBPyConnection, *, temporary: bool = False) -> None:
-    """(Re)create every macro, then every view; views may read other views, so retry until all bind.
+    """(Re)create every macro, then every view in dependency order (``registry.view_definitions``:
+    a view after the views it reads), each with its comments.
 
     ``temporary`` creates them as TEMP macros and views, which DuckDB allows on a read-only connection: a
     read-only session then sees this version's definitions even in a database written by an older one.
-    Views that cannot bind raise in a writable database; in a temporary pass they are left out (their
-    tables are missing from an older database and a query on them says so).
+    A view that cannot bind raises in a writable database; in a temporary pass it is left out (its
+    tables are missing from an older database and a query on it says so), and so are the views that
+    read it.
+
+    Raises:
+        SqlRegistryError: a view file is malformed or its columns differ from its header's.
+        SchemaError: a view does not bind in a writable database.
     """
-    for path in macro_files():
-        text = path.read_text()
-        if temporary:
-            text = text.replace("CREATE OR REPLACE MACRO", "CREATE OR REPLACE TEMP MACRO", 1)
-        con.execute(text)
-    pending = view_files()
-    while pending:
-        failed: list[tuple[Path, Exception]] = []
-        for path in pending:
-            text = path.read_text()
+    for macro in registry.macro_definitions():
+        con.execute(macro.statements(temporary=temporary))
+    for view in registry.view_definitions():
+        try:
+            create_view(con, view, temporary=temporary)
+        except (duckdb.CatalogException, duckdb.BinderException) as exc:  # a table or column it reads is missing
             if temporary:
-                text = text.replace("CREATE OR REPLACE VIEW", "CREATE OR REPLACE TEMP VIEW", 1)
-            try:
-                con.execute(text)
-            except duckdb.CatalogException as exc:  # a view it reads is not created yet
-                failed.append((path, exc))
-        if len(failed) == len(pending):
-            if temporary:
-                return
-            first_path, first_error = failed[0]
-            raise SchemaError(f"view {first_path.name} does not bind: {first_error}".splitlines()[0])
-        pending = [p for p, _ in failed]
+                continue
+            raise SchemaError(f"view {view.name} ({view.path}) does not bind: {exc}".splitlines()[0]) from exc
+
+
+def create_view(con: duckdb.DuckDBPyConnection, view: View, *, temporary: bool = False) -> None:
+    """Create one view and store its comments; its dependencies must exist.
+
+    Raises:
+        SqlRegistryError: the view's columns are not the ones its header comments (in that order).
+        duckdb.CatalogException, duckdb.BinderException: a table, macro, view or column it reads does not exist.
+    """
+    con.execute(view.create_statement(temporary=temporary))
+    columns = con.sql(f"SELECT * FROM {view.name}").columns  # bound, not run; the name is the registry's
+    if columns != view.column_names:
+        uncommented = [c for c in columns if c not in view.column_names]
+        absent = [c for c in view.column_names if c not in columns]
+        what = (
+            f"columns without a comment: {', '.join(uncommented)}" if uncommented else
+            f"commented columns it does not have: {', '.join(absent)}" if absent else
+            "its columns in another order than its header's"
+        )  # fmt: skip
+        raise SqlRegistryError(f"{view.path}: view {view.name} has {what}; list every column under `columns:`")
+    con.execute(view.comment_statements())
 
 
 def _ensure_schema_in_one_transaction(con: duckdb.DuckDBPyConnection) -> None:
     """``ensure_schema`` as one transaction: a new database then costs a third less CPU and a fraction
-    of the wall time (one commit instead of one per DDL statement). A view that cannot bind yet aborts
-    a DuckDB transaction, so if that happens the schema is made again statement by statement (where
-    ``create_views`` retries views in dependency order)."""
+    of the wall time (one commit instead of one per DDL statement). Views are created in dependency
+    order, so none fails to bind for want of another; a failure leaves the database as it was."""
     con.execute("BEGIN TRANSACTION")
     try:
         ensure_schema(con)
         con.execute("COMMIT")
-    except duckdb.Error:
-        con.execute("ROLLBACK")
-        ensure_schema(con)
     except BaseException:
         con.execute("ROLLBACK")
         raise

@@ -1,17 +1,14 @@
-"""The named queries in ``tracecal/sql/queries/``: the one place that reads them.
+"""Running the named queries in ``tracecal/sql/queries/``.
 
 Every multi-line statement tracecal runs on the database is a documented ``.sql`` file there, named
 for what it returns (``predict_activities``, ``samples_read``, ...). ``query_text(name)`` gives its
-text, read once per process; ``query_file(con, name, params)`` runs it (an Arrow table) and
-``query_frame`` too (a polars frame). Only this module knows where
-the files live (a test checks that no other module reaches into the directory).
+text (read once per process by ``tracecal.sql.registry``, the one module that reads ``.sql`` files);
+``query_file(con, name, params)`` runs it (an Arrow table) and ``query_frame`` too (a polars frame).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from functools import cache
-from pathlib import Path
 from typing import Any, cast
 
 import duckdb
@@ -19,22 +16,9 @@ import polars as pl
 import pyarrow as pa
 
 from tracecal.sql.connection import query_arrow
+from tracecal.sql.registry import query_text
 
-QUERIES_DIR = Path(__file__).parent / "queries"
-
-
-@cache
-def query_text(name: str) -> str:
-    """The text of ``queries/<name>.sql`` (``name`` without the suffix), read once per process.
-
-    Raises:
-        KeyError: there is no such query file (a programming error: the names are fixed in code).
-    """
-    path = QUERIES_DIR / f"{name}.sql"
-    if not path.is_file():
-        known = ", ".join(sorted(p.stem for p in QUERIES_DIR.glob("*.sql")))
-        raise KeyError(f"no query {name!r} in {QUERIES_DIR} (known: {known})")
-    return path.read_text()
+__all__ = ["query_file", "query_frame", "query_text"]
 
 
 def query_file(

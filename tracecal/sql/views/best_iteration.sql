@@ -1,7 +1,25 @@
--- best_iteration: the run's best iteration (docs/decode.md#iterations): the one whose slowest rank
--- is fastest.
--- Only iterations recorded on every rank compete (when any is); ties go to the lower index.
-CREATE OR REPLACE VIEW best_iteration AS
+-- Per run: the iteration whose slowest rank is fastest (min over iterations of max over ranks of the
+-- iteration time)
+--
+-- Defined in docs/decode.md#iterations. Only iterations recorded on every rank compete (when any is); ties
+-- go to the lower index.
+--
+-- depends on: iterations
+--
+-- columns:
+--   run_id: run identifier
+--   iteration: the best iteration index (ProfilerStep#N, or marker order; 0 when the capture is one
+--     iteration)
+--   dur_ns: iteration time of the slowest rank in the best iteration (GPU span, else CPU span), ns
+--   slowest_rank: rank with the longest span in the best iteration
+--   fastest_rank: rank with the shortest span in the best iteration
+--   fastest_rank_ns: span of the fastest rank, ns
+--   ranks: ranks that recorded this iteration
+--   on_all_ranks: true when every rank of the run recorded this iteration
+--   aligned_span_ns: latest aligned end minus earliest aligned start over ranks (clock-aligned,
+--     docs/decode.md#clock-alignment), ns
+--   has_marker: false when a rank had no iteration markers and its capture counts as one iteration
+
 WITH per_iteration AS (
     SELECT
         run_id,
@@ -31,14 +49,3 @@ SELECT run_id, iteration, dur_ns, slowest_rank, fastest_rank, fastest_rank_ns, r
        aligned_span_ns, has_marker
 FROM ranked
 WHERE pick = 1;
-COMMENT ON VIEW best_iteration IS 'Per run: the iteration whose slowest rank is fastest (min over iterations of max over ranks of the iteration time)';
-COMMENT ON COLUMN best_iteration.run_id IS 'run identifier';
-COMMENT ON COLUMN best_iteration.iteration IS 'the best iteration index (ProfilerStep#N, or marker order; 0 when the capture is one iteration)';
-COMMENT ON COLUMN best_iteration.dur_ns IS 'iteration time of the slowest rank in the best iteration (GPU span, else CPU span), ns';
-COMMENT ON COLUMN best_iteration.slowest_rank IS 'rank with the longest span in the best iteration';
-COMMENT ON COLUMN best_iteration.fastest_rank IS 'rank with the shortest span in the best iteration';
-COMMENT ON COLUMN best_iteration.fastest_rank_ns IS 'span of the fastest rank, ns';
-COMMENT ON COLUMN best_iteration.ranks IS 'ranks that recorded this iteration';
-COMMENT ON COLUMN best_iteration.on_all_ranks IS 'true when every rank of the run recorded this iteration';
-COMMENT ON COLUMN best_iteration.aligned_span_ns IS 'latest aligned end minus earliest aligned start over ranks (clock-aligned, docs/decode.md#clock-alignment), ns';
-COMMENT ON COLUMN best_iteration.has_marker IS 'false when a rank had no iteration markers and its capture counts as one iteration';

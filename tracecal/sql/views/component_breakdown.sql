@@ -1,9 +1,23 @@
--- component_breakdown: per run and rank, the best iteration's span split into components
--- (docs/decode.md#components) plus idle. Where activities of several components overlap, the
--- instant goes to the first in priority order compute_bwd, compute_fwd, optimizer, comm_tp, comm_pp,
--- comm_dp, comm_ep, comm_other, memcpy, other (so communication counts only where it is exposed).
--- Activities are clipped to the rank's iteration span; the rows of a rank sum to span_ns.
-CREATE OR REPLACE VIEW component_breakdown AS
+-- Best iteration per run and rank: exclusive time per component (docs/decode.md#components) plus idle; sums
+-- to the rank's iteration span
+--
+-- Where activities of several components overlap, the instant goes to the first in priority order
+-- compute_bwd, compute_fwd, optimizer, comm_tp, comm_pp, comm_dp, comm_ep, comm_other, memcpy, other (so
+-- communication counts only where it is exposed). Activities are clipped to the rank's iteration span; the
+-- rows of a rank sum to span_ns.
+--
+-- depends on: iterations, operators, best_iteration, interval_union
+--
+-- columns:
+--   run_id: run identifier
+--   rank: global rank
+--   iteration: the run's best iteration
+--   component: compute_fwd, compute_bwd, optimizer, comm_tp, comm_dp, comm_pp, comm_ep, comm_other, memcpy,
+--     other, idle
+--   time_ns: time attributed to the component (overlaps go to the higher-priority component), ns
+--   span_ns: the rank's span of the best iteration (GPU span, else CPU window), ns
+--   share: time_ns / span_ns (0-1)
+
 WITH priority(component, prio) AS (
     VALUES ('compute_bwd', 1), ('compute_fwd', 2), ('optimizer', 3), ('comm_tp', 4), ('comm_pp', 5),
            ('comm_dp', 6), ('comm_ep', 7), ('comm_other', 8), ('memcpy', 9), ('other', 10)
@@ -54,11 +68,3 @@ with_idle AS (
 SELECT run_id, rank, iteration, component, time_ns, span_ns, time_ns / nullif(span_ns, 0) AS share
 FROM with_idle
 ORDER BY run_id, rank, prio;
-COMMENT ON VIEW component_breakdown IS 'Best iteration per run and rank: exclusive time per component (docs/decode.md#components) plus idle; sums to the rank''s iteration span';
-COMMENT ON COLUMN component_breakdown.run_id IS 'run identifier';
-COMMENT ON COLUMN component_breakdown.rank IS 'global rank';
-COMMENT ON COLUMN component_breakdown.iteration IS 'the run''s best iteration';
-COMMENT ON COLUMN component_breakdown.component IS 'compute_fwd, compute_bwd, optimizer, comm_tp, comm_dp, comm_pp, comm_ep, comm_other, memcpy, other, idle';
-COMMENT ON COLUMN component_breakdown.time_ns IS 'time attributed to the component (overlaps go to the higher-priority component), ns';
-COMMENT ON COLUMN component_breakdown.span_ns IS 'the rank''s span of the best iteration (GPU span, else CPU window), ns';
-COMMENT ON COLUMN component_breakdown.share IS 'time_ns / span_ns (0-1)';

@@ -1,7 +1,20 @@
--- iteration_stats: spread of iteration times per run (docs/decode.md#iterations). An iteration's
--- time is its slowest rank's span; statistics are over iterations recorded on every rank (all when
--- none is).
-CREATE OR REPLACE VIEW iteration_stats AS
+-- Per run: min, max, mean, std and (mean-min)/min of iteration times (slowest rank per iteration)
+--
+-- An iteration's time is its slowest rank's span (docs/decode.md#iterations); the statistics are over the
+-- iterations recorded on every rank (over all iterations when none is).
+--
+-- depends on: iterations, best_iteration
+--
+-- columns:
+--   run_id: run identifier
+--   iterations: iterations in the statistics (those recorded on every rank, when any is)
+--   min_ns: fastest iteration time, ns (the best iteration)
+--   max_ns: slowest iteration time, ns
+--   mean_ns: mean iteration time, ns
+--   std_ns: sample standard deviation of iteration times, ns; NULL with one iteration
+--   mean_vs_min: (mean - min) / min: how far a typical iteration is from the best (0.1 = 10 %)
+--   best_iteration: index of the best iteration (see best_iteration)
+
 WITH per_iteration AS (
     SELECT run_id, iteration, max(dur_ns) AS dur_ns, count(DISTINCT rank) AS ranks
     FROM iterations
@@ -30,12 +43,3 @@ SELECT
 FROM pool
 LEFT JOIN best_iteration AS b USING (run_id)
 GROUP BY pool.run_id;
-COMMENT ON VIEW iteration_stats IS 'Per run: min, max, mean, std and (mean-min)/min of iteration times (slowest rank per iteration)';
-COMMENT ON COLUMN iteration_stats.run_id IS 'run identifier';
-COMMENT ON COLUMN iteration_stats.iterations IS 'iterations in the statistics (those recorded on every rank, when any is)';
-COMMENT ON COLUMN iteration_stats.min_ns IS 'fastest iteration time, ns (the best iteration)';
-COMMENT ON COLUMN iteration_stats.max_ns IS 'slowest iteration time, ns';
-COMMENT ON COLUMN iteration_stats.mean_ns IS 'mean iteration time, ns';
-COMMENT ON COLUMN iteration_stats.std_ns IS 'sample standard deviation of iteration times, ns; NULL with one iteration';
-COMMENT ON COLUMN iteration_stats.mean_vs_min IS '(mean - min) / min: how far a typical iteration is from the best (0.1 = 10 %)';
-COMMENT ON COLUMN iteration_stats.best_iteration IS 'index of the best iteration (see best_iteration)';

@@ -1,5 +1,23 @@
--- kernel_breakdown: GPU activity per run by kernel (or memcpy/memset) name.
-CREATE OR REPLACE VIEW kernel_breakdown AS
+-- GPU kernels, memcpys and memsets per run by name, with their share of GPU activity time
+--
+-- Only GPU activity: rows of operators whose kind is kernel, memcpy or memset.
+--
+-- depends on: operators
+--
+-- columns:
+--   run_id: run identifier
+--   kind: kernel, memcpy or memset
+--   name: kernel / activity name
+--   family: op family (docs/decode.md#families) of the activity
+--   count: activities over all ranks
+--   ranks: ranks that ran it
+--   streams: distinct GPU streams it ran on
+--   total_ns: summed duration, ns
+--   mean_ns: mean duration, ns
+--   median_ns: median duration, ns
+--   share: share of the run's summed GPU activity time (0-1)
+--   unlinked: activities with no CPU operator (launched before the capture, or sampled out)
+
 SELECT
     run_id,
     kind,
@@ -16,16 +34,3 @@ SELECT
 FROM operators
 WHERE kind IN ('kernel', 'memcpy', 'memset')
 GROUP BY run_id, kind, name, family;
-COMMENT ON VIEW kernel_breakdown IS 'GPU kernels, memcpys and memsets per run by name, with their share of GPU activity time';
-COMMENT ON COLUMN kernel_breakdown.run_id IS 'run identifier';
-COMMENT ON COLUMN kernel_breakdown.kind IS 'kernel, memcpy or memset';
-COMMENT ON COLUMN kernel_breakdown.name IS 'kernel / activity name';
-COMMENT ON COLUMN kernel_breakdown.family IS 'op family (docs/decode.md#families) of the activity';
-COMMENT ON COLUMN kernel_breakdown.count IS 'activities over all ranks';
-COMMENT ON COLUMN kernel_breakdown.ranks IS 'ranks that ran it';
-COMMENT ON COLUMN kernel_breakdown.streams IS 'distinct GPU streams it ran on';
-COMMENT ON COLUMN kernel_breakdown.total_ns IS 'summed duration, ns';
-COMMENT ON COLUMN kernel_breakdown.mean_ns IS 'mean duration, ns';
-COMMENT ON COLUMN kernel_breakdown.median_ns IS 'median duration, ns';
-COMMENT ON COLUMN kernel_breakdown.share IS 'share of the run''s summed GPU activity time (0-1)';
-COMMENT ON COLUMN kernel_breakdown.unlinked IS 'activities with no CPU operator (launched before the capture, or sampled out)';

@@ -1,10 +1,26 @@
--- temporal_breakdown: per run and rank, where GPU time goes over the whole capture (HTA's
--- get_temporal_breakdown definitions): the span runs from the first GPU activity's start to the
--- last one's end; compute is the union of compute kernels (not NCCL, memcpy or memset);
--- communication is the union of NCCL kernels minus its overlap with compute; memory is memcpy /
--- memset time not overlapped by either; idle is the span minus the union of everything. The four
--- parts sum to the span. Ranks without GPU activity (CPU-only runs) have no rows.
-CREATE OR REPLACE VIEW temporal_breakdown AS
+-- Per run and rank over the whole capture: compute, communication, memory and idle GPU time (HTA definitions;
+-- parts sum to the span)
+--
+-- HTA's get_temporal_breakdown definitions: the span runs from the first GPU activity's start to the last
+-- one's end; compute is the union of compute kernels (not NCCL, memcpy or memset); communication is the
+-- union of NCCL kernels minus its overlap with compute; memory is memcpy / memset time not overlapped by
+-- either; idle is the span minus the union of everything. The four parts sum to the span. Ranks without GPU
+-- activity (CPU-only runs) have no rows.
+--
+-- depends on: operators, interval_union
+--
+-- columns:
+--   run_id: run identifier
+--   rank: global rank
+--   span_ns: first GPU activity start to last GPU activity end, ns (HTA kernel_time)
+--   compute_ns: union of compute kernels (not NCCL/memcpy/memset), ns
+--   communication_ns: union of NCCL kernels not overlapped by compute, ns
+--   memory_ns: memcpy/memset time not overlapped by compute or communication, ns
+--   idle_ns: span with no GPU activity at all, ns
+--   compute_pct: compute share of the span, % (HTA compute_time_pctg)
+--   non_compute_pct: communication + memory share of the span, % (HTA non_compute_time_pctg)
+--   idle_pct: idle share of the span, % (HTA idle_time_pctg)
+
 WITH gpu AS (
     SELECT
         run_id, rank, ts_ns AS s, ts_ns + dur_ns AS e,
@@ -44,14 +60,3 @@ SELECT
     100.0 * (u3 - u1) / nullif(span_ns, 0) AS non_compute_pct,
     100.0 * (span_ns - u3) / nullif(span_ns, 0) AS idle_pct
 FROM parts;
-COMMENT ON VIEW temporal_breakdown IS 'Per run and rank over the whole capture: compute, communication, memory and idle GPU time (HTA definitions; parts sum to the span)';
-COMMENT ON COLUMN temporal_breakdown.run_id IS 'run identifier';
-COMMENT ON COLUMN temporal_breakdown.rank IS 'global rank';
-COMMENT ON COLUMN temporal_breakdown.span_ns IS 'first GPU activity start to last GPU activity end, ns (HTA kernel_time)';
-COMMENT ON COLUMN temporal_breakdown.compute_ns IS 'union of compute kernels (not NCCL/memcpy/memset), ns';
-COMMENT ON COLUMN temporal_breakdown.communication_ns IS 'union of NCCL kernels not overlapped by compute, ns';
-COMMENT ON COLUMN temporal_breakdown.memory_ns IS 'memcpy/memset time not overlapped by compute or communication, ns';
-COMMENT ON COLUMN temporal_breakdown.idle_ns IS 'span with no GPU activity at all, ns';
-COMMENT ON COLUMN temporal_breakdown.compute_pct IS 'compute share of the span, % (HTA compute_time_pctg)';
-COMMENT ON COLUMN temporal_breakdown.non_compute_pct IS 'communication + memory share of the span, % (HTA non_compute_time_pctg)';
-COMMENT ON COLUMN temporal_breakdown.idle_pct IS 'idle share of the span, % (HTA idle_time_pctg)';
