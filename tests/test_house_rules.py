@@ -77,7 +77,9 @@ def test_every_query_file_is_loaded_by_name_and_every_name_has_a_file() -> None:
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in QUERY_CALLS:
                 name = node.args[1] if node.func.id != "query_text" else node.args[0]
-                assert isinstance(name, ast.Constant), f"{path}:{node.lineno}: name the query with a literal"
+                assert isinstance(name, ast.Constant) and isinstance(name.value, str), (
+                    f"{path}:{node.lineno}: name the query with a literal"
+                )
                 named.setdefault(name.value, []).append(f"{path.name}:{node.lineno}")
     files = set(query_names())
     assert sorted(set(named) - files) == [], "names without a query file"

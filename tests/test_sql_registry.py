@@ -99,6 +99,7 @@ def test_a_missing_dependency_is_named() -> None:
         ("--   run_id: run identifier\n--   name: run name", "SELECT run_id FROM runs", "does not have: name"),
         ("--   name: run name\n--   run_id: run identifier", "SELECT run_id, name FROM runs", "another order"),
     ],
+    ids=["uncommented", "absent", "reordered"],
 )
 def test_a_view_whose_columns_differ_from_its_header_is_refused(columns: str, query: str, message: str) -> None:
     con = duckdb.connect()

@@ -333,8 +333,3 @@ def dependency_order(views: Iterable[View], known: Iterable[str]) -> tuple[View,
         ordered.extend(by_name[name] for name in ready)
         sorter.done(*ready)
     return tuple(ordered)
-
-
-def dependents(view: str) -> list[str]:
-    """The views that depend on ``view`` directly, by name."""
-    return sorted(v.name for v in view_definitions() if view in v.depends_on)

@@ -61,8 +61,11 @@ def _view_section(view: View, every: tuple[View, ...]) -> list[str]:
     return [*lines, ""]
 
 
-def _macro_row(macro: Macro) -> str:
-    return f"| `{macro.name}` | {_cell(macro.summary)} | {_source(macro.path)} |"
+def _macro_row(macro: Macro, views: tuple[View, ...]) -> str:
+    readers = ", ".join(
+        f"[`{v.name}`](#{v.name})" for v in sorted(views, key=lambda v: v.name) if macro.name in v.depends_on
+    )
+    return f"| `{macro.name}` | {_cell(macro.summary)} | {readers} | {_source(macro.path)} |"
 
 
 def render(views: tuple[View, ...], macros: tuple[Macro, ...]) -> str:
@@ -95,9 +98,9 @@ def render(views: tuple[View, ...], macros: tuple[Macro, ...]) -> str:
         "",
         "Table macros hold the logic several views share; they are created before the views.",
         "",
-        "| macro | what it computes | source |",
-        "|---|---|---|",
-        *(_macro_row(m) for m in macros),
+        "| macro | what it computes | used by | source |",
+        "|---|---|---|---|",
+        *(_macro_row(m, views) for m in macros),
     ]
     return "\n".join(lines) + "\n"
 
