@@ -237,11 +237,12 @@ class _Executors:
         return self.shard_dir
 
     def for_files(self, files: int) -> FileExecutor:
-        """Dask or the caller's executor when given; else this process for one worker or one file
-        (nothing to share), and the process pool (started on first use) otherwise."""
+        """Dask or the caller's executor when given; else this process for a run of one file (nothing
+        to overlap), and the process pool (started on first use) otherwise: with ``--workers 1`` too,
+        so that one worker parses the next file while this process loads the last."""
         if self.given is not None:
             return self.given
-        if self.options.dask is None and (self.options.workers <= 1 or files <= 1):
+        if self.options.dask is None and files <= 1:
             return InProcess()
         if self.made is None:
             if self.options.dask is not None:
