@@ -18,13 +18,13 @@ import time
 from pathlib import Path
 
 import polars as pl
+from tracecal.predict.models import load_duration_model
 
 from tracecal.config import model_store_dir
 from tracecal.predict import attribution as at
-from tracecal.predict.models import load_duration_model
-from tracecal.predict.published_runs import traced_ranks, validate_decoded_run
 from tracecal.predict.replay import replay
 from tracecal.predict.store import module_members
+from tracecal.sources.gpumodeling25.validate.published_runs import traced_ranks, validate_decoded_run
 from tracecal.sql.connection import open_database
 
 

@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from tracecal.decode.shapes import family_shape_table
 
 from tracecal.calibrate import load
 from tracecal.calibrate.in_trace import per_operator
 from tracecal.decode.consistency import misaligned_ops
-from tracecal.decode.shapes import family_shape_table
-from tracecal.ingest.decoded_run import activity_kind, read_kernel_table
-from tracecal.ingest.rebuilt_trace import types_for
+from tracecal.sources.gpumodeling25.read.decoded_run import activity_kind, read_kernel_table
+from tracecal.sources.gpumodeling25.rebuild.rebuilt_trace import types_for
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "gpumodeling25"

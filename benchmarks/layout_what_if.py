@@ -119,13 +119,14 @@ def _model_key(log) -> tuple:
 
 
 def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tuple[pl.DataFrame, list]:
-    from tracecal.config import model_store_dir
-    from tracecal.ingest.neox_log import parse_neox_log
     from tracecal.predict.models import load_duration_model
-    from tracecal.predict.published_runs import with_published_iteration
+
+    from tracecal.config import model_store_dir
     from tracecal.predict.relayout_run import predict_layout, run_layout, source_job
     from tracecal.predict.search import device_memory_bytes, search_run
     from tracecal.predict.store import predict_stored_run
+    from tracecal.sources.gpumodeling25.read.neox_log import parse_neox_log
+    from tracecal.sources.gpumodeling25.validate.published_runs import with_published_iteration
     from tracecal.sql.connection import open_database
 
     rows, searches = [], []
@@ -303,8 +304,9 @@ def prepare_workload(db: Path, runs: list[Path]) -> None:
 
 
 def evaluate_workload(db: Path, run_ids: list[str]) -> pl.DataFrame:
-    from tracecal.config import model_store_dir
     from tracecal.predict.models import load_duration_model
+
+    from tracecal.config import model_store_dir
     from tracecal.predict.relayout_run import predict_layout, run_layout
     from tracecal.predict.store import predict_stored_run
     from tracecal.sql.connection import open_database

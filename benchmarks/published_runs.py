@@ -52,8 +52,8 @@ def show(title: str, frame: pl.DataFrame) -> None:
 
 
 def table8() -> pl.DataFrame:
-    from tracecal.ingest.gpumodeling25_tables import read_module_times, train_batch_us
-    from tracecal.ingest.neox_log import iteration_statistics, parse_neox_log
+    from tracecal.sources.gpumodeling25.read.neox_log import iteration_statistics, parse_neox_log
+    from tracecal.sources.gpumodeling25.read.tables import read_module_times, train_batch_us
 
     published = pl.read_csv(DATA / "published" / "iteration_statistics.csv")
     rows = []

@@ -32,10 +32,10 @@ import polars as pl
 
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.graph import build_graph
-from tracecal.predict.published_runs import with_published_iteration
 from tracecal.predict.run import predict_iteration, slack_report
 from tracecal.predict.slack import landing
 from tracecal.predict.store import load_iteration
+from tracecal.sources.gpumodeling25.validate.published_runs import with_published_iteration
 from tracecal.sql.connection import open_database
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"

@@ -27,8 +27,8 @@ from typing import Any
 
 import polars as pl
 
-from tracecal.samplers.importers.gpumodeling25 import load_gpumodeling25
 from tracecal.samplers.quality import flag_samples
+from tracecal.sources.gpumodeling25.samples.importer import load_gpumodeling25
 from tracecal.sql.connection import open_database
 from tracecal.sql.samples import export_parquet, import_parquet, write_samples
 

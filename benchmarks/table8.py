@@ -17,8 +17,8 @@ import csv
 import sys
 from pathlib import Path
 
-from tracecal.ingest.gpumodeling25_tables import read_module_times, train_batch_us
-from tracecal.ingest.neox_log import iteration_statistics, parse_neox_log
+from tracecal.sources.gpumodeling25.read.neox_log import iteration_statistics, parse_neox_log
+from tracecal.sources.gpumodeling25.read.tables import read_module_times, train_batch_us
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "gpumodeling25"

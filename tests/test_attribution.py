@@ -16,10 +16,10 @@ from tracecal.cli.main import app
 from tracecal.errors import PredictionError
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict import attribution as at
-from tracecal.predict.published_runs import traced_ranks, validate_decoded_run
 from tracecal.predict.replay import replay
 from tracecal.predict.run import predict_iteration
 from tracecal.predict.store import load_iteration, module_members
+from tracecal.sources.gpumodeling25.validate.published_runs import traced_ranks, validate_decoded_run
 from tracecal.sql.connection import open_database
 
 LLEMMA = GPUMODELING25 / "runs" / "perlmutter" / "llemma_7B_4_2_2_4_4"

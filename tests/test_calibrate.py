@@ -42,8 +42,8 @@ def published_subset(tmp_path: Path, source: Path, names: list[str]) -> Path:
 
 
 def imported(tmp_path: Path, source: Path, names: list[str], cluster: str = "perlmutter") -> pl.DataFrame:
-    from tracecal.samplers.importers.gpumodeling25 import load_gpumodeling25
     from tracecal.samplers.quality import flag_samples
+    from tracecal.sources.gpumodeling25.samples.importer import load_gpumodeling25
 
     table = load_gpumodeling25(published_subset(tmp_path, source, names), cluster)
     return flag_samples(pl.from_arrow(table))  # type: ignore[arg-type]

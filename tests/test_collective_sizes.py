@@ -12,9 +12,9 @@ import pytest
 
 from tests.conftest import GPUMODELING25, KINETO
 from tracecal.ingest.input_dims import message_elements
-from tracecal.ingest.reconstruct import RunShape, _kernel_rows
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
-from tracecal.samplers.importers.gpumodeling25_ops import nccl_size_bytes
+from tracecal.sources.gpumodeling25.rebuild.reconstruct import RunShape, _kernel_rows
+from tracecal.sources.gpumodeling25.samples.ops import nccl_size_bytes
 from tracecal.sql.connection import open_database
 
 LLAMA = GPUMODELING25 / "runs" / "perlmutter" / "llama_13B_4_8_2_16_4"

@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 from tests.conftest import GPUMODELING25
 from tracecal.cli.main import app
 from tracecal.errors import InputNotFoundError, TraceFormatError
-from tracecal.ingest.neox_log import parse_neox_log
-from tracecal.ingest.pipeline_schedule import stage_instructions
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
-from tracecal.predict.published import CSV_COLUMNS
-from tracecal.predict.published_runs import validate_decoded_run
+from tracecal.sources.gpumodeling25.read.neox_log import parse_neox_log
+from tracecal.sources.gpumodeling25.rebuild.pipeline_schedule import stage_instructions
+from tracecal.sources.gpumodeling25.validate.published import CSV_COLUMNS
+from tracecal.sources.gpumodeling25.validate.published_runs import validate_decoded_run
 from tracecal.sql.connection import open_database
 
 RUNS = GPUMODELING25 / "runs" / "perlmutter"
@@ -268,9 +268,9 @@ def test_metadata_keeps_the_published_measurements(llemma_db: Path) -> None:
 
 def test_flash_attention_causality_from_its_kernels() -> None:
     import polars as pl
-
     from tracecal.decode.shapes import family_shape_table
-    from tracecal.ingest.decoded_run import read_kernel_table
+
+    from tracecal.sources.gpumodeling25.read.decoded_run import read_kernel_table
 
     tables = [read_kernel_table(LLEMMA / "31664313" / "1" / f"{n}.csv") for n in ("fwd", "bwd")]
     rows = pl.concat(tables).filter(pl.col("inner_op").str.starts_with("FlashAttn"))
@@ -296,7 +296,7 @@ def test_layout_rendezvous_by_hand() -> None:
     its wait included): the transfer starts when the later arrives (30) and lasts the shorter (5)."""
     import polars as pl
 
-    from tracecal.ingest.reconstruct import layout
+    from tracecal.sources.gpumodeling25.rebuild.reconstruct import layout
 
     def plan(durations: list[int], gaps: list[int], keys: list[str | None]) -> pl.DataFrame:
         return pl.DataFrame({"dur_ns": durations, "gap_ns": gaps, "rendezvous": keys})
@@ -311,7 +311,7 @@ def test_layout_rendezvous_by_hand() -> None:
 def test_occurrences_undo_the_divide_by_three() -> None:
     import polars as pl
 
-    from tracecal.ingest.decoded_run import occurrences
+    from tracecal.sources.gpumodeling25.read.decoded_run import occurrences
 
     # 2 kernels of 10 us, true gap 1 us before the second, over N = 6 occurrences: written 1 * 6 / 3 = 2
     table = pl.DataFrame({"dur_us": [10.0, 10.0], "overhead_us": [0.0, 2.0]})
@@ -328,7 +328,7 @@ def test_module_times_are_mean_gpu_spans_by_hand() -> None:
     import numpy as np
     import polars as pl
 
-    from tracecal.predict.module_times import module_times, per_position
+    from tracecal.sources.gpumodeling25.validate.module_times import module_times, per_position
 
     nodes = pl.DataFrame(
         {"node": [0, 1, 2, 3], "node_kind": "activity", "rank": [0, 0, 0, 0], "event_id": [10, 11, 12, 13]}

@@ -13,15 +13,15 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tracecal.decode.shapes import family_shape_table, shape_row
 
 from tests.conftest import GPUMODELING25
-from tracecal.decode.shapes import family_shape_table, shape_row
 from tracecal.errors import TraceFormatError
-from tracecal.ingest.decoded_run import TABLE_COLUMNS, read_kernel_table
 from tracecal.ingest.input_dims import INT64_MAX, message_elements, tensor_shapes
-from tracecal.ingest.reconstruct import RunShape
-from tracecal.ingest.reconstruct import _kernel_rows as kernel_rows
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
+from tracecal.sources.gpumodeling25.read.decoded_run import TABLE_COLUMNS, read_kernel_table
+from tracecal.sources.gpumodeling25.rebuild.reconstruct import RunShape
+from tracecal.sources.gpumodeling25.rebuild.reconstruct import _kernel_rows as kernel_rows
 from tracecal.sql.connection import open_database
 
 LLEMMA_FWD = GPUMODELING25 / "runs" / "perlmutter" / "llemma_7B_4_2_2_4_4" / "31664313" / "0" / "fwd.csv"

@@ -13,12 +13,17 @@ from typer.testing import CliRunner
 from tests.conftest import GPUMODELING25
 from tracecal.cli.main import app
 from tracecal.errors import InputNotFoundError, TraceFormatError
-from tracecal.ingest.gpumodeling25_tables import (
+from tracecal.sources.gpumodeling25.read.neox_log import (
+    NeoxLog,
+    iteration_statistics,
+    parse_neox_log,
+    parse_neox_log_text,
+)
+from tracecal.sources.gpumodeling25.read.tables import (
     read_module_times,
     table8_from_metadata,
     train_batch_us,
 )
-from tracecal.ingest.neox_log import NeoxLog, iteration_statistics, parse_neox_log, parse_neox_log_text
 from tracecal.sql.connection import open_database
 
 RUNS = GPUMODELING25 / "runs" / "perlmutter"

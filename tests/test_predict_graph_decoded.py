@@ -12,13 +12,13 @@ import pytest
 
 from tests.conftest import GPUMODELING25
 from tracecal.decode.consistency import misaligned_ops
-from tracecal.ingest.pipeline_schedule import stage_instructions
-from tracecal.ingest.rebuilt_trace import LAUNCH_NS, SYNC_MIN_GAP_NS, SYNC_RETURN_NS, rank_events
-from tracecal.ingest.reconstruct import ROW_SCHEMA, rebuild_run
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
-from tracecal.predict.published_runs import with_published_iteration
 from tracecal.predict.run import predict_iteration, slack_report
 from tracecal.predict.store import load_iteration
+from tracecal.sources.gpumodeling25.rebuild.pipeline_schedule import stage_instructions
+from tracecal.sources.gpumodeling25.rebuild.rebuilt_trace import LAUNCH_NS, SYNC_MIN_GAP_NS, SYNC_RETURN_NS, rank_events
+from tracecal.sources.gpumodeling25.rebuild.reconstruct import ROW_SCHEMA, rebuild_run
+from tracecal.sources.gpumodeling25.validate.published_runs import with_published_iteration
 from tracecal.sql.connection import open_database
 
 RUNS = GPUMODELING25 / "runs" / "perlmutter"

@@ -15,9 +15,9 @@ import pytest
 
 from tests.conftest import GPUMODELING25
 from tracecal.errors import InputNotFoundError, TraceFormatError
-from tracecal.ingest.gpumodeling25_tables import read_compares, read_module_times
 from tracecal.predict import figures
-from tracecal.predict.published import (
+from tracecal.sources.gpumodeling25.read.tables import read_compares, read_module_times
+from tracecal.sources.gpumodeling25.validate.published import (
     COMPONENT_NAMES,
     CSV_COLUMNS,
     EDITED_NOTE,

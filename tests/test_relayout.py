@@ -17,16 +17,16 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tracecal.cli.main import app
-from tracecal.ingest.decoded_run import read_decoded_run
 from tracecal.ingest.discover import decoded_job_dir
-from tracecal.ingest.neox_log import parse_neox_log
-from tracecal.ingest.reconstruct import RunShape
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.layouts import Layout, LayoutError, check_layout, parse_layout, partition, partition_rule
 from tracecal.predict.relayout import model_dims, model_facts, rebuild_at, relayout
 from tracecal.predict.relayout_run import predict_layout
 from tracecal.predict.relayout_shapes import rewrite_dims, shape_map
 from tracecal.predict.store import predict_stored_run
+from tracecal.sources.gpumodeling25.read.decoded_run import read_decoded_run
+from tracecal.sources.gpumodeling25.read.neox_log import parse_neox_log
+from tracecal.sources.gpumodeling25.rebuild.reconstruct import RunShape
 from tracecal.sql.connection import open_database
 
 RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpumodeling25" / "runs" / "perlmutter"
@@ -60,7 +60,7 @@ def test_pipeline_relayout_follows_the_listing_of_the_run_at_that_layout(gpt_448
     shape = RunShape.from_log(plan.log)
     assert (shape.pp, shape.tp, shape.dp, shape.micro_batches) == (8, 4, 4, 16)
     # the tables carry the layers of the stages they stand for
-    from tracecal.ingest.reconstruct import layer_blocks
+    from tracecal.sources.gpumodeling25.rebuild.reconstruct import layer_blocks
 
     assert len(layer_blocks(plan.run.tables["head"]["fwd"], "fwd")) == 5
     assert len(layer_blocks(plan.run.tables["middle"]["bwd"], "bwd")) == 6
@@ -206,7 +206,7 @@ def test_layer_all_reduces_without_a_message_take_the_layers_message() -> None:
     """The 4·8·4 tail's backward records some tensor-parallel all-reduces without a message
     (``record_param_comms`` without dims): re-laid out, every all-reduce of a layer has one, so the
     communication model predicts it at the new group instead of keeping a two-node time."""
-    from tracecal.ingest.reconstruct import layer_blocks
+    from tracecal.sources.gpumodeling25.rebuild.reconstruct import layer_blocks
 
     run = read_decoded_run(RUNS / "GPT_20B_4_8_4_32_4")
     log = parse_neox_log(run.log_path)

@@ -9,18 +9,18 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from tracecal.decode.shapes import shape_row
 
 from tests.conftest import GPUMODELING25
-from tracecal.decode.shapes import shape_row
 from tracecal.errors import InputNotFoundError, SampleError
-from tracecal.samplers.importers.gpumodeling25 import (
+from tracecal.schema import SAMPLES
+from tracecal.sources.gpumodeling25.samples.importer import (
     import_gpumodeling25,
     load_gpumodeling25,
     published_errors,
     published_sample_id,
 )
-from tracecal.samplers.importers.gpumodeling25_ops import padded_vocab_per_rank, stage_tensors
-from tracecal.schema import SAMPLES
+from tracecal.sources.gpumodeling25.samples.ops import padded_vocab_per_rank, stage_tensors
 from tracecal.sql.connection import open_database
 from tracecal.sql.samples import read_samples
 

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pytest
 
 from tests.conftest import GPUMODELING25
-from tracecal.samplers.importers.gpumodeling25 import load_gpumodeling25
 from tracecal.samplers.quality import busbw_factor, flag_counts, flag_samples, reflag_cluster, trend_residuals
 from tracecal.schema import SAMPLES, arrow_schema
+from tracecal.sources.gpumodeling25.samples.importer import load_gpumodeling25
 from tracecal.sql.connection import open_database
 from tracecal.sql.samples import read_samples, sample_id, write_samples
 

@@ -31,10 +31,10 @@ if TYPE_CHECKING:  # the cores load when a method runs: `import tracecal` stays 
     from tracecal.predict.diff import Diff
     from tracecal.predict.durations import DurationModel
     from tracecal.predict.export_store import ExportResult
-    from tracecal.predict.published_runs import PublishedValidation
     from tracecal.predict.run import Prediction
     from tracecal.predict.search import SearchResult
     from tracecal.predict.store import StoredIteration
+    from tracecal.sources.gpumodeling25.validate.published_runs import PublishedValidation
     from tracecal.sql.iterations import IterationReport
     from tracecal.vocabulary import ParallelLayout
 
@@ -183,7 +183,7 @@ class Session:
 
     def iterations_report(self, run: str) -> IterationsReport:
         """Everything `tracecal iterations RUN` shows: statistics, best iteration, clock offsets, Table 8."""
-        from tracecal.ingest.gpumodeling25_tables import NEOX_LOG_KEY, table8_from_metadata
+        from tracecal.sources.gpumodeling25.read.tables import NEOX_LOG_KEY, table8_from_metadata
         from tracecal.sql.iterations import iteration_report
 
         with self.connect(read_only=True) as con:
@@ -320,9 +320,9 @@ class Session:
         """Replay RUN's best iteration (or ``iteration``) across all ranks and store the prediction in the
         predictions and components tables. Mode as `resolve_mode`; ``scale``: FAMILY=FACTOR what-ifs."""
         from tracecal.predict.durations import parse_scale
-        from tracecal.predict.published_runs import is_decoded_run, with_published_iteration
         from tracecal.predict.store import predict_stored_run, store_prediction
         from tracecal.predict.what_if import is_what_if, run_cluster, target_gpus_per_node
+        from tracecal.sources.gpumodeling25.validate.published_runs import is_decoded_run, with_published_iteration
 
         factors = parse_scale(list(scale))
         resolved = resolve_mode(mode, cluster, scale)
@@ -397,8 +397,8 @@ class Session:
         from its prediction, `predict.attribution.component_attribution`). ``progress(run, index, total)``
         is called before each run."""
         from tracecal.predict.durations import parse_scale
-        from tracecal.predict.published_runs import is_decoded_run, validate_decoded_run
         from tracecal.predict.store import predict_stored_run
+        from tracecal.sources.gpumodeling25.validate.published_runs import is_decoded_run, validate_decoded_run
 
         factors = parse_scale(list(scale))
         resolved = resolve_mode(mode, cluster, scale)
@@ -473,7 +473,7 @@ class Session:
 
         published_frame = None
         if published:
-            from tracecal.samplers.importers.gpumodeling25 import published_errors
+            from tracecal.sources.gpumodeling25.samples.importer import published_errors
 
             published_frame = pl.concat([published_errors(Path(d)) for d in published])
         with self.connect() as con:
@@ -512,7 +512,7 @@ class Session:
         if fmt not in SAMPLE_FORMATS:
             raise SampleError(f"unknown --format {fmt!r}; use one of {', '.join(SAMPLE_FORMATS)}")
         if fmt == "gpumodeling25":
-            from tracecal.samplers.importers.gpumodeling25 import import_gpumodeling25
+            from tracecal.sources.gpumodeling25.samples.importer import import_gpumodeling25
 
             if not cluster:
                 raise SampleError("--cluster NAME is required with --format gpumodeling25 (e.g. --cluster perlmutter)")
@@ -704,8 +704,8 @@ def _published_attribution(con: duckdb.DuckDBPyConnection, results: list[Publish
     """Each decoded run's Table 9 cells, their error split by the schedule and the op families, with the
     published error beside them."""
     from tracecal.predict.attribution import as_percent, published_attribution
-    from tracecal.predict.published_runs import traced_ranks
     from tracecal.predict.store import module_members
+    from tracecal.sources.gpumodeling25.validate.published_runs import traced_ranks
 
     frames = []
     for v in results:

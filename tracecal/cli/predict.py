@@ -404,8 +404,7 @@ def _validate_published(report: ValidateReport, fmt: str, output: Path | None, f
     """Decoded runs: the published Table 9 components, ours beside the published."""
     import polars as pl
 
-    from tracecal.predict import published
-
+    from tracecal.sources.gpumodeling25.validate import published
     results = report.decoded
     if report.published_attribution is not None:
         _published_attribution(report.published_attribution, fmt, output, figures)
@@ -439,7 +438,7 @@ def _published_attribution(frames: list[pl.DataFrame], fmt: str, output: Path | 
     import polars as pl
 
     from tracecal.predict.attribution import long_form, percent_columns
-    from tracecal.predict.published import EDITED_NOTE
+    from tracecal.sources.gpumodeling25.validate.published import EDITED_NOTE
 
     table = _ordered_parts(pl.concat(frames, how="diagonal_relaxed"))
     labelled = table.with_columns(

@@ -32,7 +32,6 @@ import pyarrow as pa
 from tracecal import __version__
 from tracecal.decode.iterations import DEFAULT_MARKER
 from tracecal.errors import RankConflictError, TracecalError
-from tracecal.ingest.decoded_sources import decoded_run_sources
 from tracecal.ingest.discover import (
     DiscoveredRun,
     TraceFile,
@@ -43,12 +42,13 @@ from tracecal.ingest.discover import (
     world_size_of,
 )
 from tracecal.ingest.executors import FileExecutor, InProcess, OnError, Parsing, ProcessPool, Skipped
-from tracecal.ingest.reconstruct import RebuiltRun, rebuild_run
 from tracecal.ingest.shards import count_kernels
 from tracecal.ingest.trace import EventsFile, ParsedRank
 from tracecal.pipeline.decode import DecodeSummary, JustStored, RankParts, check_marker, decode_stored_run
 from tracecal.pipeline.rank_decode import DecodedRank, DecodePlan, parse_and_decode
 from tracecal.schema import RANKS, RUNS, arrow_schema
+from tracecal.sources.gpumodeling25.read.files import decoded_run_sources
+from tracecal.sources.gpumodeling25.rebuild.reconstruct import RebuiltRun, rebuild_run
 from tracecal.sql.loaders import (
     OneThreadForLargeInserts,
     delete_rank_operators,

@@ -35,13 +35,13 @@ import polars as pl
 
 from tracecal.errors import PredictionError
 from tracecal.predict import durations as dmod
-from tracecal.predict import published
 from tracecal.predict.components import component_table, run_summary
 from tracecal.predict.edges import NO_TIME
 from tracecal.predict.graph import ReplayGraph
-from tracecal.predict.module_times import module_times, per_position
 from tracecal.predict.replay import edge_lags
 from tracecal.predict.run import Prediction
+from tracecal.sources.gpumodeling25.validate import published
+from tracecal.sources.gpumodeling25.validate.module_times import module_times, per_position
 
 SCHEDULE = "schedule"
 INTERACTION = "interaction"

@@ -34,18 +34,6 @@ from typing import Any
 import polars as pl
 
 from tracecal.errors import PredictionError
-from tracecal.ingest.decoded_run import POSITIONS, DecodedRun, occurrences, read_decoded_run
-from tracecal.ingest.gpumodeling25_tables import NEOX_LOG_KEY
-from tracecal.ingest.neox_log import NeoxLog, parse_neox_log
-from tracecal.ingest.reconstruct import (
-    LAYER_FUNCTIONS,
-    SMALL_ALLREDUCE_ELEMENTS,
-    MisalignedFn,
-    RebuiltRun,
-    RunShape,
-    layer_blocks,
-    reconstruct,
-)
 from tracecal.predict.layouts import (
     TRANSFORMER_LAYER,
     Layout,
@@ -56,6 +44,18 @@ from tracecal.predict.layouts import (
     partition_rule,
 )
 from tracecal.predict.relayout_shapes import ModelDims, ShapeMap, rewrite_dims_text, shape_map, work_ratio
+from tracecal.sources.gpumodeling25.read.decoded_run import POSITIONS, DecodedRun, occurrences, read_decoded_run
+from tracecal.sources.gpumodeling25.read.neox_log import NeoxLog, parse_neox_log
+from tracecal.sources.gpumodeling25.read.tables import NEOX_LOG_KEY
+from tracecal.sources.gpumodeling25.rebuild.reconstruct import (
+    LAYER_FUNCTIONS,
+    SMALL_ALLREDUCE_ELEMENTS,
+    MisalignedFn,
+    RebuiltRun,
+    RunShape,
+    layer_blocks,
+    reconstruct,
+)
 from tracecal.vocabulary import ParallelLayout
 
 _SPAN = {"fwd": "stage_fwd", "bwd": "stage_bwd", "reduce_grads": "dp_allreduce", "optimizer_step": "optimizer"}

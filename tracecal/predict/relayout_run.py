@@ -112,9 +112,9 @@ def source_job(con: duckdb.DuckDBPyConnection, run_id: str) -> Path:
 
 def run_layout(con: duckdb.DuckDBPyConnection, run_id: str) -> Layout:
     """The layout a stored run ran at: from a decoded run's log, or a workload run's run.json."""
-    from tracecal.ingest.neox_log import parse_neox_log
     from tracecal.predict.relayout import source_layout
     from tracecal.predict.relayout_workload import source_layout as workload_layout
+    from tracecal.sources.gpumodeling25.read.neox_log import parse_neox_log
 
     folder = workload_run_dir(con, run_id)
     if folder is not None:

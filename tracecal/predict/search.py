@@ -188,11 +188,11 @@ def search_run(
         SearchError: no layout is valid (the reasons of each named). RunNotFoundError,
         PredictionError: see ``relayout_run.source_job``.
     """
-    from tracecal.ingest.decoded_run import read_decoded_run
-    from tracecal.ingest.neox_log import parse_neox_log
     from tracecal.predict.layouts import TRANSFORMER_LAYER, partition, partition_rule
     from tracecal.predict.relayout import model_dims, model_facts, source_layout
     from tracecal.predict.relayout_run import predict_layout, source_job
+    from tracecal.sources.gpumodeling25.read.decoded_run import read_decoded_run
+    from tracecal.sources.gpumodeling25.read.neox_log import parse_neox_log
 
     job = source_job(con, run_id)
     run = read_decoded_run(job)

@@ -184,7 +184,7 @@ def _with_replay(frame: pl.DataFrame) -> pl.DataFrame:
 
 def module_members(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int) -> pl.DataFrame:
     """The GPU activities of an iteration launched inside module frames (``module_scope_members``)."""
-    from tracecal.decode.modules import ANY_MODULE
+    from tracecal.sources.gpumodeling25.validate.modules import ANY_MODULE
 
     return query_frame(con, "module_scope_members", [run_id, iteration, ANY_MODULE])
 

@@ -1,5 +1,5 @@
 -- module_scope_members: every GPU activity of an iteration launched inside a module frame.
--- A module occurrence (tracecal.decode.modules) is a CPU frame whose name matches a module regex; its
+-- A module occurrence (tracecal.sources.gpumodeling25.validate.modules) is a CPU frame whose name matches a module regex; its
 -- members are the operators whose launching runtime call started inside the frame, on the same rank
 -- and thread. Parameters: run_id, iteration, the frame-name regex.
 --   rank        global rank

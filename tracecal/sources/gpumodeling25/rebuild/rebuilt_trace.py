@@ -1,6 +1,6 @@
 """The rank trace of a rebuilt iteration: its CPU program and GPU activity as Kineto-style events.
 
-``tracecal.ingest.reconstruct`` decides what every rank runs and when its GPU runs it; this module
+``reconstruct`` decides what every rank runs and when its GPU runs it; this module
 writes it down as the events a ``with_stack`` torch-profiler trace of DeepSpeed holds, so the same
 decode reads it: the DeepSpeed frames that name the measured modules, the CPU operators with their
 ``Input Dims`` (types from the run's precision), one launch per GPU activity (correlation and External

@@ -10,7 +10,7 @@ Inputs are per-module times in µs as ``[head, middle, tail]`` lists (the three 
   the min file found nothing);
 * ``predicted`` — our prediction with the measured names: ``optimizer`` is our optimizer-step span (the
   published calls its prediction of it ``update``), ``update`` our iteration;
-* ``published`` — the run's ``compares.csv`` as read by ``tracecal.ingest.gpumodeling25_tables``.
+* ``published`` — the run's ``compares.csv`` as read by ``tracecal.sources.gpumodeling25.read.tables``.
 
 Selection rules are the published ones (``COMPONENTS``): a scalar component reduces a per-stage list
 to its second-largest non-zero value (the median of three; the smaller one when one stage is 0); a

@@ -29,9 +29,9 @@ import polars as pl
 
 from tracecal.errors import InputNotFoundError, TraceFormatError
 from tracecal.ingest.discover import decoded_job_dir
-from tracecal.ingest.gpumodeling25_tables import read_compares, read_module_times
 from tracecal.ingest.input_dims import is_dims_text
-from tracecal.ingest.neox_log import NeoxLog, parse_neox_log
+from tracecal.sources.gpumodeling25.read.neox_log import NeoxLog, parse_neox_log
+from tracecal.sources.gpumodeling25.read.tables import read_compares, read_module_times
 
 POSITIONS = ("head", "middle", "tail")
 """What the rank folders 0, 1 and 2 hold: the first, a middle and the last pipeline stage."""

@@ -20,10 +20,10 @@ from tracecal.errors import PredictionError
 from tracecal.ingest.discover import DECODED_FORMAT
 from tracecal.predict.components import error_pct_expr
 from tracecal.predict.durations import DurationModel
-from tracecal.predict.module_times import module_times, per_position
-from tracecal.predict.published import component_errors, stage_comparison
 from tracecal.predict.run import Prediction
 from tracecal.predict.store import StoredIteration, module_members, predict_stored_run
+from tracecal.sources.gpumodeling25.validate.module_times import module_times, per_position
+from tracecal.sources.gpumodeling25.validate.published import component_errors, stage_comparison
 
 
 @dataclass(frozen=True)

@@ -38,14 +38,14 @@ import polars as pl
 import pyarrow as pa
 
 from tracecal.errors import InputNotFoundError, SampleError
-from tracecal.samplers.importers.gpumodeling25_ops import (
+from tracecal.samplers.quality import flag_counts, flag_samples
+from tracecal.schema import SAMPLES, arrow_schema
+from tracecal.sources.gpumodeling25.samples.ops import (
     COMPUTE_OPS,
     NCCL_COLUMNS,
     collective_of,
     nccl_size_bytes,
 )
-from tracecal.samplers.quality import flag_counts, flag_samples
-from tracecal.schema import SAMPLES, arrow_schema
 from tracecal.sql.samples import sample_id, write_samples
 
 SOURCE = "imported:gpumodeling25"

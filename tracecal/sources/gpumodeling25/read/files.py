@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracecal.ingest.decoded_run import BEST_BATCH_TABLES, POSITIONS, RUN_TABLES
+from tracecal.sources.gpumodeling25.read.decoded_run import BEST_BATCH_TABLES, POSITIONS, RUN_TABLES
 
 _PATTERNS = (
     *(f"{i}/{name}.csv" for i in range(len(POSITIONS)) for name in (*RUN_TABLES, *BEST_BATCH_TABLES)),

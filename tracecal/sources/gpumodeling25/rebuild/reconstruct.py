@@ -20,7 +20,7 @@ ordinary Kineto-style events, so decode, storage and replay are those of every r
   a collective joined by several stages (a send and its receive, the model-parallel all-reduces) starts
   when the last member arrives and lasts the shortest member's measured time, the others having waited.
 
-The events of each rank are written by ``tracecal.ingest.rebuilt_trace``: a compact CPU program ahead
+The events of each rank are written by ``rebuilt_trace``: a compact CPU program ahead
 of the GPU (never the bottleneck), nested in the DeepSpeed frames that name the measured modules.
 Everything is documented in ``docs/published-runs.md``.
 """
@@ -38,7 +38,9 @@ import numpy as np
 import polars as pl
 
 from tracecal.errors import TraceFormatError
-from tracecal.ingest.decoded_run import (
+from tracecal.ingest.input_dims import is_collective_operator, message_elements
+from tracecal.ingest.trace import ParsedRank
+from tracecal.sources.gpumodeling25.read.decoded_run import (
     BEST_BATCH_DIR,
     RUN_TABLES,
     DecodedRun,
@@ -46,12 +48,10 @@ from tracecal.ingest.decoded_run import (
     occurrences,
     read_decoded_run,
 )
-from tracecal.ingest.gpumodeling25_tables import MODULE_TIMES_KEY, NEOX_LOG_KEY
-from tracecal.ingest.input_dims import is_collective_operator, message_elements
-from tracecal.ingest.neox_log import NeoxLog
-from tracecal.ingest.pipeline_schedule import stage_instructions
-from tracecal.ingest.rebuilt_trace import GROUPS, PRECISION_TYPES, SCOPE, rank_events, types_for
-from tracecal.ingest.trace import ParsedRank
+from tracecal.sources.gpumodeling25.read.neox_log import NeoxLog
+from tracecal.sources.gpumodeling25.read.tables import MODULE_TIMES_KEY, NEOX_LOG_KEY
+from tracecal.sources.gpumodeling25.rebuild.pipeline_schedule import stage_instructions
+from tracecal.sources.gpumodeling25.rebuild.rebuilt_trace import GROUPS, PRECISION_TYPES, SCOPE, rank_events, types_for
 from tracecal.vocabulary import ParallelLayout
 
 _MODULE_SPAN = {"fwd": "stage_fwd", "bwd": "stage_bwd", "reduce_grads": "dp_allreduce", "optimizer_step": "optimizer"}

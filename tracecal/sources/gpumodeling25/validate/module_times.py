@@ -1,7 +1,7 @@
 """Measured and replayed module times: the GPU span of each module occurrence, averaged per rank (pure).
 
 A module occurrence is a CPU frame and the GPU activities launched inside it (``module_scope_members``
-query, ``tracecal.decode.modules``). Its time is last end minus first start of those activities, on
+query, ``modules``). Its time is last end minus first start of those activities, on
 the measured timeline and on the replayed one; a rank's module time is the mean over occurrences, as
 the published measurements define it.
 """
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import polars as pl
 
-from tracecal.decode.modules import module_of
 from tracecal.predict.run import Prediction
+from tracecal.sources.gpumodeling25.validate.modules import module_of
 
 
 def module_times(members: pl.DataFrame, prediction: Prediction) -> pl.DataFrame:

@@ -3,7 +3,7 @@
 The published GPUModeling25 measurements name modules after the DeepSpeed/GPT-NeoX Python frames
 (``with_stack`` traces) or autograd nodes that enclose them: a module occurrence's time is the span
 from the first to the last GPU activity launched while its frame was open. The same rule applies to
-any trace that records these frames, and to the rebuilt decoded runs (``tracecal.ingest.reconstruct``).
+any trace that records these frames, and to the rebuilt decoded runs (``gpumodeling25.rebuild.reconstruct``).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tracecal.errors import InputNotFoundError, TraceFormatError
-from tracecal.ingest.neox_log import NeoxLog, iteration_statistics
+from tracecal.sources.gpumodeling25.read.neox_log import NeoxLog, iteration_statistics
 
 MODULE_TIMES_COLUMNS = ("module", "function", "gpu_runtime(us)")
 #: the row that holds the pipeline engine's ``train_batch`` span; some files label it ``update``

@@ -1,1 +1,0 @@
-"""Importers of sample sets measured by other tools (``tracecal samples import --format ...``)."""

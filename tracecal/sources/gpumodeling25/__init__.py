@@ -1,0 +1,12 @@
+"""GPUModeling25 decoded runs: the GPT-NeoX/DeepSpeed run folders the published GPUModeling25 decoder
+leaves (per-kernel tables of three ranks, measured module times, the training log; no traces).
+
+Its sub-packages are layers, each importing only those below it (pyproject's import-linter contracts):
+
+* ``validate`` — the published comparison ("Table 9"): module times read off a replayed decoded run
+  and scored with the published rules (above ``tracecal.predict``, whose replay it reads);
+* ``samples`` — the published per-operator sample CSVs imported as ``samples`` rows (above
+  ``tracecal.samplers``);
+* ``rebuild`` — one training iteration rebuilt as the rank traces DeepSpeed would write;
+* ``read`` — the run folder read: kernel tables, module times, the GPT-NeoX log.
+"""

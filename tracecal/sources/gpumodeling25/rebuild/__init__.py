@@ -1,0 +1,2 @@
+"""A decoded run's iteration rebuilt as rank traces: ``reconstruct`` (what every stage runs and when),
+``pipeline_schedule`` (DeepSpeed's 1F1B instructions), ``rebuilt_trace`` (the events written down)."""
