@@ -4,7 +4,7 @@ Reads every ``runs/perlmutter/*/*/{0,1,2}/encoder_{fwd,bwd}.csv`` of ``../shared
 (one encoder layer forward and backward, per pipeline rank, as the published decoder extracted it),
 turns each kernel row into an ``operators``-like row (the innermost CPU op ``cpu_op_1`` with its Input
 Dims; the tables lost ``Input type``, the runs are fp16, so every tensor is ``c10::Half``), derives
-families and shapes with ``tracecal.decode.shapes.family_shape_table``, flags the rows whose CPU op
+families and shapes with ``tracecal.decode.shape_features.family_shape_table``, flags the rows whose CPU op
 and kernel disagree with ``tracecal.decode.consistency.misaligned_ops`` and drops them, sums the
 kernels of each CPU operator (``tracecal.calibrate.in_trace.per_operator``), predicts each operator
 once with ``tracecal.calibrate.load(cluster).predict`` and prints, per family: kernels, operators,
@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-from tracecal.decode.shapes import family_shape_table
 
 from tracecal.calibrate import load
 from tracecal.calibrate.in_trace import per_operator
 from tracecal.decode.consistency import misaligned_ops
+from tracecal.decode.shape_features import family_shape_table
 from tracecal.sources.gpumodeling25.read.decoded_run import activity_kind, read_kernel_table
 from tracecal.sources.gpumodeling25.rebuild.rebuilt_trace import types_for
 

@@ -6,8 +6,9 @@ import orjson
 import polars as pl
 import pytest
 
-from tracecal.decode import shapes
-from tracecal.decode.shapes import FAMILIES, family_expr, family_of, shape_features, shape_row
+from tracecal.decode import families
+from tracecal.decode.families import FAMILIES, family_expr, family_of, with_family
+from tracecal.decode.shape_features import family_shape_table, kernel_element_bytes, shape_features, shape_row
 from tracecal.schema import SHAPE_COLUMNS
 
 
@@ -211,13 +212,13 @@ def test_every_family_entry_point_gives_the_rule_on_both_kernel_paths(
     regexes: ``with_family``, ``family_expr`` and ``family_of`` all give the rule's answer. Names seen before
     are remembered for the process, so each run marks its kernel names with a tag no pattern matches, to make
     them new."""
-    monkeypatch.setattr(shapes, "POLARS_KERNEL_CHARS", polars_from)
+    monkeypatch.setattr(families, "POLARS_KERNEL_CHARS", polars_from)
     tag = f" #{polars_from}"
     triples = [(cpu, f"{kernel}{tag}" if kernel else kernel, kind) for cpu, kernel, kind, _ in FAMILY_TRIPLES]
     expected = [family for *_, family in FAMILY_TRIPLES]
     schema = {"cpu_op_name": pl.Utf8, "name": pl.Utf8, "kind": pl.Utf8}
     frame = pl.DataFrame(triples, schema=schema, orient="row")
-    assert shapes.with_family(frame)["family"].to_list() == expected
+    assert with_family(frame)["family"].to_list() == expected
     assert frame.select(family_expr())["family"].to_list() == expected
     assert [family_of(*t) for t in triples] == expected
 
@@ -258,7 +259,7 @@ def test_a_tensor_list_takes_the_element_size_its_kernel_names() -> None:
             "cpu_concrete_inputs": ['["","-1"]'] * 2,
         }
     )
-    table = shapes.family_shape_table(frame).sort("name")
+    table = family_shape_table(frame).sort("name")
     assert table["io_bytes"].to_list() == [None, 2 * 2 * 8 * 16 * 2]  # read and written, 2 bytes each
     assert table["dtype"].to_list() == [None, None]  # 2 bytes: bf16 or fp16, not guessed
-    assert shapes.kernel_element_bytes(cat) == 2 and shapes.kernel_element_bytes("ampere_sgemm") is None
+    assert kernel_element_bytes(cat) == 2 and kernel_element_bytes("ampere_sgemm") is None

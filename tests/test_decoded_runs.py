@@ -268,8 +268,8 @@ def test_metadata_keeps_the_published_measurements(llemma_db: Path) -> None:
 
 def test_flash_attention_causality_from_its_kernels() -> None:
     import polars as pl
-    from tracecal.decode.shapes import family_shape_table
 
+    from tracecal.decode.shape_features import family_shape_table
     from tracecal.sources.gpumodeling25.read.decoded_run import read_kernel_table
 
     tables = [read_kernel_table(LLEMMA / "31664313" / "1" / f"{n}.csv") for n in ("fwd", "bwd")]

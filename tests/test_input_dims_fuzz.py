@@ -13,9 +13,9 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tracecal.decode.shapes import family_shape_table, shape_row
 
 from tests.conftest import GPUMODELING25
+from tracecal.decode.shape_features import family_shape_table, shape_row
 from tracecal.errors import TraceFormatError
 from tracecal.ingest.input_dims import INT64_MAX, message_elements, tensor_shapes
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs

@@ -22,7 +22,7 @@ from tracecal.calibrate.in_trace import in_trace_report, per_operator
 from tracecal.calibrate.routing import CalibratedModels, direction_of, op_kind
 from tracecal.calibrate.store import StoredModel
 from tracecal.cli.main import app
-from tracecal.decode.shapes import shape_row
+from tracecal.decode.shape_features import shape_row
 
 COMPUTE = GPUMODELING25 / "samples" / "perlmutter_a100_compute"
 SWEEPS = ("layernorm", "RMSlayernorm", "res_add", "gelu", "RoPE", "bmm", "linear3", "ScaledUpperTriangMaskedSoftmax")

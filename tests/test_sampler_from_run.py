@@ -9,7 +9,7 @@ import duckdb
 import pytest
 
 from tests.conftest import KINETO
-from tracecal.decode.shapes import shape_row
+from tracecal.decode.shape_features import shape_row
 from tracecal.errors import RunNotFoundError, SampleError
 from tracecal.samplers import cases
 from tracecal.samplers.compute import ComputeSettings, sample_compute

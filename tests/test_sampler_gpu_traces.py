@@ -20,7 +20,7 @@ from tests.conftest import SHARED_DATA
 from tracecal.calibrate.in_trace import traced_rows
 from tracecal.calibrate.routing import op_kind
 from tracecal.cli.main import app
-from tracecal.decode.shapes import kernel_element_bytes, shape_row
+from tracecal.decode.shape_features import kernel_element_bytes, shape_row
 from tracecal.samplers import cases
 from tracecal.samplers.compute import ComputeSettings, sample_compute
 from tracecal.samplers.from_run import map_call, run_points

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tracecal.decode.shapes import family_of, shape_row
+from tracecal.decode.families import family_of
+from tracecal.decode.shape_features import shape_row
 from tracecal.errors import SampleError
 from tracecal.samplers import cases
 from tracecal.samplers.grid import GridPoint, dim_values, load_grid, parse_grid, shard, shipped_grids, with_dtypes
@@ -207,7 +208,7 @@ def test_gpu_step_samples_join_what_decode_computes_from_a_real_trace_of_the_cal
         name = CPU_NAME.get(point.op, point.op)
         args = _profiled_args(GridPoint(small.family, name, "fwd", small.dtype, small.dims), tmp_path, small)
         # a TensorList (cat) is untyped in a trace: a GPU kernel's name gives its element size
-        # (decode.shapes.kernel_element_bytes), a CPU trace has no kernel, the sample knows its dtype
+        # (decode.shape_features.kernel_element_bytes), a CPU trace has no kernel, the sample knows its dtype
         list_bytes = 4 if "TensorList" in args.get("Input type", []) else None
         traced = shape_row(name, args.get("Input Dims"), args.get("Input type"), args.get("Concrete Inputs"),
                            list_element_bytes=list_bytes)  # fmt: skip

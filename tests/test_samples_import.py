@@ -9,9 +9,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from tracecal.decode.shapes import shape_row
 
 from tests.conftest import GPUMODELING25
+from tracecal.decode.shape_features import shape_row
 from tracecal.errors import InputNotFoundError, SampleError
 from tracecal.schema import SAMPLES
 from tracecal.sources.gpumodeling25.samples.importer import (

@@ -82,7 +82,7 @@ SHAPE_COLUMNS = _cols(
     ("io_bytes", "DOUBLE", "bytes read plus written, derived from the shape and dtype"),
 )
 """Shape features shared by traced operators and microbenchmark samples: the join key of the product
-(docs/calibration.md#features). The same code in ``tracecal.decode.shapes`` fills them on both sides."""
+(docs/calibration.md#features). The same code in ``tracecal.decode.shape_features`` fills them on both sides."""
 
 COMM_COLUMNS = _cols(
     ("size_bytes", "BIGINT", "collective payload in bytes (nccl-tests S: the total size for gathers)"),

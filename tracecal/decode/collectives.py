@@ -27,7 +27,7 @@ from tracecal.decode import nccl_api
 from tracecal.decode.frames import nulls, taken
 from tracecal.decode.nccl_api import nccl_api_fields
 from tracecal.decode.nesting import ENGINE, NameIndex, covered, enclosing, launch_points, names_like, rows_of
-from tracecal.decode.shapes import DTYPE_BYTES, normalize_dtype
+from tracecal.decode.shape_features import DTYPE_BYTES, normalize_dtype
 from tracecal.ingest.input_dims import message_elements, output_elements
 from tracecal.vocabulary import ParallelLayout
 

@@ -7,10 +7,10 @@ not produce its duration: it must not be fitted on or validated against. Pure fu
 
 ``misaligned_ops(frame) -> pl.Series`` flags a row when
 
-- the family of its CPU operator (``shapes.family_of``'s CPU-op rule) and the family of its kernel
+- the family of its CPU operator (``families.family_of``'s CPU-op rule) and the family of its kernel
   name (the kernel-name rule) are both known and differ, e.g. ``aten::addmm`` carrying a
   ``vectorized_layer_norm_kernel``; or
-- the operator's ``io_bytes`` (``shapes.shape_row`` of its name, Input Dims and Input type) over the
+- the operator's ``io_bytes`` (``shape_features.shape_row`` of its name, Input Dims and Input type) over the
   kernel's duration exceeds ``MAX_BANDWIDTH_BYTES_PER_S``: no GPU moves that much, so the kernel did
   not do that operator's work, e.g. an ``aten::sum`` over [2048, 4, 5120] whose kernel would have had
   to move 28 TB/s.
@@ -21,7 +21,8 @@ from __future__ import annotations
 import orjson
 import polars as pl
 
-from tracecal.decode.shapes import cpu_op_family, kernel_families, shape_row
+from tracecal.decode.families import cpu_op_family, kernel_families
+from tracecal.decode.shape_features import shape_row
 
 MAX_BANDWIDTH_BYTES_PER_S = 10e12
 """Ceiling of the bandwidth an operator may need from its kernel: twice the fastest HBM of current

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from tracecal.decode.shapes import normalize_dtype
+from tracecal.decode.shape_features import normalize_dtype
 
 
 @dataclass(frozen=True)

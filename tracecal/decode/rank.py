@@ -29,7 +29,7 @@ from tracecal.decode.link import (
     uid_series,
 )
 from tracecal.decode.nesting import ENGINE, NameIndex
-from tracecal.decode.shapes import family_shape_table
+from tracecal.decode.shape_features import family_shape_table
 from tracecal.decode.windows import RankWindow
 from tracecal.schema import OPERATORS
 from tracecal.vocabulary import GPU_ACTIVITY_KINDS, ParallelLayout

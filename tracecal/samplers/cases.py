@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tracecal.decode.shapes import shape_row
+from tracecal.decode.shape_features import shape_row
 from tracecal.errors import SampleError
 from tracecal.samplers.grid import GridPoint
 
@@ -93,7 +93,7 @@ def _torch() -> Any:
 
 # --- trace records --------------------------------------------------------------------------------
 # What a Kineto trace records for the forward call of a point: (Input Dims, Input type, Concrete Inputs).
-# decode.shapes.shape_row turns these into the shape columns, for samples exactly as for traced operators.
+# decode.shape_features.shape_row turns these into the shape columns, for samples exactly as for traced operators.
 
 Record = tuple[list[Any], list[str], list[str]]
 
@@ -574,14 +574,14 @@ def trace_record(point: GridPoint) -> tuple[list[Any], list[str], list[str]]:
 
 def shape_columns(point: GridPoint) -> dict[str, Any]:
     """The ``SHAPE_COLUMNS`` values of a point, for either direction the forward call's: computed by
-    ``decode.shapes.shape_row`` from the trace record, the same function that fills ``operators``.
+    ``decode.shape_features.shape_row`` from the trace record, the same function that fills ``operators``.
 
     Raises:
         SampleError: unknown op, bad dimensions, or a dtype outside ``DTYPE_NAMES``.
     """
     dims, types, concrete = trace_record(point)
     # A TensorList argument (cat, optimizer) has no element type in a trace; the sampler knows it,
-    # as a traced operator's kernel name does (decode.shapes.kernel_element_bytes).
+    # as a traced operator's kernel name does (decode.shape_features.kernel_element_bytes).
     cols = shape_row(point.op, dims, types, concrete, list_element_bytes=DTYPE_BYTES.get(point.dtype))
     cols["dtype"] = cols["dtype"] or point.dtype
     return cols

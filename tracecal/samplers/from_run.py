@@ -39,7 +39,7 @@ import orjson
 
 from tracecal.decode.parameters import StepParameters
 from tracecal.decode.parameters import parameter_groups as decoded_parameter_groups
-from tracecal.decode.shapes import normalize_dtype, shape_row
+from tracecal.decode.shape_features import normalize_dtype, shape_row
 from tracecal.errors import RunNotFoundError, SampleError
 from tracecal.samplers.cases import DTYPE_BYTES, DTYPE_NAMES, INPLACE_OPS, OP_SPECS
 from tracecal.samplers.grid import GridPoint
@@ -263,7 +263,7 @@ def _gemm(op: str, shapes: list[list[int]], dtype: str) -> GridPoint | str | Non
 def _attention(
     name: str, backward: bool, op: str, dims: list[Any], types: list[Any], causal: bool | None, concrete: list[Any]
 ) -> GridPoint | str:
-    """The point of an attention call: its shape and causality as ``decode.shapes`` reads them (the
+    """The point of an attention call: its shape and causality as ``decode.shape_features`` reads them (the
     same reading that fills ``operators``), forward or backward, on the backend the trace ran."""
     row = shape_row(name, dims, types, [str(c) if c is not None else "" for c in concrete])
     if row.get("heads") is None:

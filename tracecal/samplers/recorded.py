@@ -1,6 +1,6 @@
 """Shape columns of stored compute samples, re-derived from the trace record each one carries.
 
-A compute sample's shape columns are ``decode.shapes.shape_row`` of the Input Dims, Input type and
+A compute sample's shape columns are ``decode.shape_features.shape_row`` of the Input Dims, Input type and
 Concrete Inputs a trace records for its call (``cases.shape_columns``), and the sampler stores that
 record in ``params_json``. When the decoder's features change (``io_bytes`` of an element-wise op
 counting each tensor at its own dtype, for one), samples exported by an earlier tracecal would keep
@@ -16,7 +16,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from tracecal.decode.shapes import DTYPE_BYTES, shape_row
+from tracecal.decode.shape_features import DTYPE_BYTES, shape_row
 from tracecal.samplers.rows import SOURCE
 from tracecal.schema import SAMPLES, SHAPE_COLUMNS, arrow_schema
 

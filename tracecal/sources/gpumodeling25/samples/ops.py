@@ -4,7 +4,7 @@ One entry per op file name (docs/samples.md#importing-the-published-gpumodeling2
 columns it must have, our family, and a function from one CSV row to the ``SHAPE_COLUMNS`` of the
 forward call it timed.
 
-Features are filled by ``tracecal.decode.shapes.shape_row`` from the aten call the op is made of (its
+Features are filled by ``tracecal.decode.shape_features.shape_row`` from the aten call the op is made of (its
 Input Dims as a trace would record them), so an imported sample and a traced operator of the same
 shape get the same M/N/K, elements, flops and io_bytes. Conventions the published data imposes:
 
@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tracecal.decode.shapes import shape_row
+from tracecal.decode.shape_features import shape_row
 
 VOCAB = 50257
 """GPT-2 vocabulary the published samplers padded (megatron ``padded_vocab_size``)."""
