@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from tracecal.workload import WorkloadConfig
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -44,25 +49,71 @@ def _cache_outside_home(template_cache: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("TRACECAL_CACHE_DIR", str(template_cache))
 
 
+def workload_run_args(cfg: WorkloadConfig, out: Path) -> list[str]:
+    """``tracecal workload run`` arguments that train ``cfg`` into ``out``."""
+    return ["workload", "run", "--pp", str(cfg.pp), "--tp", str(cfg.tp), "--dp", str(cfg.dp),
+            "--layers", str(cfg.layers), "--hidden", str(cfg.hidden), "--heads", str(cfg.heads),
+            "--seq", str(cfg.seq), "--vocab", str(cfg.vocab), "--micro-batches", str(cfg.micro_batches),
+            "--micro-batch-size", str(cfg.micro_batch_size), "--steps", str(cfg.steps),
+            "--bucket-bytes", str(cfg.bucket_bytes), "--timeout-s", str(cfg.timeout_s),
+            "--threads", str(cfg.threads), *(["--vocab-parallel"] if cfg.vocab_parallel else []),
+            "--out", str(out)]  # fmt: skip
+
+
+@dataclass
+class TinyLayoutRuns:
+    """The runs of ``TINY_LAYOUTS`` (pp2, tp2, dp2, pp2tp2 at ``TINY`` size), each trained once per
+    session when first asked for: ``tiny_layouts("tp2")`` -> its run directory. PP2 is trained through
+    ``tracecal workload run`` (``cli_output`` keeps what it printed), the others through ``run_local``.
+    Tests only read the runs."""
+
+    root: Path
+    runs: dict[str, Path] = field(default_factory=dict)
+    cli_output: dict[str, str] = field(default_factory=dict)
+
+    def __call__(self, layout: str) -> Path:
+        from typer.testing import CliRunner
+
+        from tracecal.cli.main import app
+        from tracecal.workload import TINY_LAYOUTS, run_local
+
+        if layout not in self.runs:
+            cfg, out = TINY_LAYOUTS[layout], self.root / f"gpt_tiny_{layout}"
+            if layout == "pp2":
+                result = CliRunner().invoke(app, workload_run_args(cfg, out))
+                assert result.exit_code == 0, result.output
+                self.cli_output[layout] = result.output
+                self.runs[layout] = out
+            else:
+                self.runs[layout] = run_local(cfg, out).out_dir
+        return self.runs[layout]
+
+
 @pytest.fixture(scope="session")
-def tiny_workload(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int, int], Path]:
-    """Runs of the reference workload (local gloo ranks, 2 layers, 4 steps), each trained once per
-    session: ``tiny_workload(pp, hidden)`` -> its run directory (≈ 5 s for PP2 or one rank at hidden
-    64, ≈ 11 s for one rank at 512 on two cores)."""
-    from dataclasses import replace
+def tiny_layouts(tmp_path_factory: pytest.TempPathFactory) -> TinyLayoutRuns:
+    """The reference workload's CI layouts, trained once per session (≈ 5–10 s each on two cores)."""
+    return TinyLayoutRuns(tmp_path_factory.mktemp("tiny_layouts"))
 
-    from tracecal.workload import WorkloadConfig, run_local
 
-    tiny = WorkloadConfig(
-        layers=2, hidden=64, heads=4, seq=32, vocab=256, micro_batches=4, micro_batch_size=2, steps=4, timeout_s=120
-    )
+@pytest.fixture(scope="session")
+def tiny_workload(tmp_path_factory: pytest.TempPathFactory, tiny_layouts: TinyLayoutRuns) -> Callable[[int, int], Path]:
+    """Runs of the reference workload (local gloo ranks, ``TINY``: 2 layers, 4 steps), each trained once
+    per session: ``tiny_workload(pp, hidden)`` -> its run directory (≈ 5 s for PP2 or one rank at hidden
+    64, ≈ 11 s for one rank at 512 on two cores). A configuration that is one of ``TINY_LAYOUTS`` is
+    that layout's run."""
+    from tracecal.workload import TINY, TINY_LAYOUTS, run_local
+
     root = tmp_path_factory.mktemp("tiny_workload")
     made: dict[tuple[int, int], Path] = {}
 
     def run(pp: int, hidden: int) -> Path:
         if (pp, hidden) not in made:
-            name = f"gpt_tiny_pp{pp}_h{hidden}"
-            made[pp, hidden] = run_local(replace(tiny, pp=pp, hidden=hidden), root / name).out_dir
+            cfg = replace(TINY, pp=pp, hidden=hidden)
+            layout = next((name for name, c in TINY_LAYOUTS.items() if c == cfg), None)
+            if layout is not None:
+                made[pp, hidden] = tiny_layouts(layout)
+            else:
+                made[pp, hidden] = run_local(cfg, root / f"gpt_tiny_pp{pp}_h{hidden}").out_dir
         return made[pp, hidden]
 
     return run

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from tests.conftest import KINETO, NSYS
+from tests.conftest import KINETO, NSYS, TinyLayoutRuns
 from tracecal.cli.main import app
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.components import ALL_COMPONENTS
@@ -151,13 +151,11 @@ def test_cli_predict_errors_are_one_line(dlrm_db: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def workload_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from tracecal.workload import TINY_LAYOUTS, run_local
+def workload_db(tmp_path_factory: pytest.TempPathFactory, tiny_layouts: TinyLayoutRuns) -> Path:
+    from tracecal.workload import TINY_LAYOUTS
 
-    layouts = TINY_LAYOUTS
-    root = tmp_path_factory.mktemp("workload")
-    dirs = [run_local(cfg, root / f"gpt_tiny_{name}").out_dir for name, cfg in layouts.items()]
-    db = root / "w.duckdb"
+    dirs = [tiny_layouts(name) for name in TINY_LAYOUTS]
+    db = tmp_path_factory.mktemp("workload") / "w.duckdb"
     with open_database(db) as con:
         ingest_runs(con, dirs, IngestOptions(workers=1))
     return db

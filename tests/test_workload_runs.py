@@ -1,10 +1,10 @@
 """Real runs of the reference workload (local gloo ranks on CPU), checked from their traces.
 
-One module-scoped set of tiny runs — PP2, TP2, DP2 and PP2×TP2 — is trained once; each test reads
-the rank traces and asserts what the parallelism must have put there: send/recv per micro-batch, TP
-all-reduces per layer per micro-batch, one DP all-reduce per gradient bucket per step, the profiled
-iterations, distributedInfo, and losses equal to those of the same model trained in one process
-without torch.distributed (``reference_losses``).
+The session's tiny runs — PP2, TP2, DP2 and PP2×TP2 (``tiny_layouts`` in conftest) — are trained
+once; each test reads the rank traces and asserts what the parallelism must have put there:
+send/recv per micro-batch, TP all-reduces per layer per micro-batch, one DP all-reduce per gradient
+bucket per step, the profiled iterations, distributedInfo, and losses equal to those of the same model
+trained in one process without torch.distributed (``reference_losses``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from tests.conftest import TinyLayoutRuns, workload_run_args
 from tracecal.cli.main import app
 from tracecal.errors import WorkloadError
 from tracecal.workload import TINY, TINY_LAYOUTS, WorkloadConfig, run_local
@@ -33,31 +34,10 @@ pytestmark = pytest.mark.slow
 LAYOUTS = TINY_LAYOUTS
 
 
-CLI_OUTPUT: dict[str, str] = {}
-
-
-def _cli_args(cfg: WorkloadConfig, out: Path) -> list[str]:
-    return ["workload", "run", "--pp", str(cfg.pp), "--tp", str(cfg.tp), "--dp", str(cfg.dp),
-            "--layers", str(cfg.layers), "--hidden", str(cfg.hidden), "--heads", str(cfg.heads),
-            "--seq", str(cfg.seq), "--vocab", str(cfg.vocab), "--micro-batches", str(cfg.micro_batches),
-            "--micro-batch-size", str(cfg.micro_batch_size), "--steps", str(cfg.steps),
-            "--timeout-s", str(cfg.timeout_s), "--threads", str(cfg.threads), "--out", str(out)]  # fmt: skip
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The runs of LAYOUTS; PP2 goes through `tracecal workload run`, the others through run_local."""
-    root = tmp_path_factory.mktemp("workload")
-    out = {}
-    for name, cfg in LAYOUTS.items():
-        if name == "pp2":
-            result = CliRunner().invoke(app, _cli_args(cfg, root / f"gpt_tiny_{name}"))
-            assert result.exit_code == 0, result.output
-            CLI_OUTPUT[name] = result.output
-            out[name] = root / f"gpt_tiny_{name}"
-        else:
-            out[name] = run_local(cfg, root / f"gpt_tiny_{name}").out_dir
-    return out
+def runs(tiny_layouts: TinyLayoutRuns) -> dict[str, Path]:
+    """The runs of LAYOUTS, shared with the other tests of the session (PP2 went through `tracecal workload run`)."""
+    return {name: tiny_layouts(name) for name in LAYOUTS}
 
 
 @functools.lru_cache(maxsize=64)
@@ -257,12 +237,13 @@ def test_the_error_that_reaches_the_caller_is_the_one_in_the_ranks_error_file(tm
     assert list(tmp_path.iterdir()) == []
 
 
-def test_cli_runs_the_workload_and_keeps_an_existing_run(runs: dict[str, Path]) -> None:
+def test_cli_runs_the_workload_and_keeps_an_existing_run(runs: dict[str, Path], tiny_layouts: TinyLayoutRuns) -> None:
     out = runs["pp2"]
-    assert str(out) in CLI_OUTPUT["pp2"]
-    assert "2 ranks (pp=2 tp=1 dp=1, gloo on cpu), 2 profiled steps (ProfilerStep#2..#3)" in CLI_OUTPUT["pp2"]
+    printed = tiny_layouts.cli_output["pp2"]
+    assert str(out) in printed
+    assert "2 ranks (pp=2 tp=1 dp=1, gloo on cpu), 2 profiled steps (ProfilerStep#2..#3)" in printed
     before = (out / "run.json").read_text()
-    again = CliRunner().invoke(app, _cli_args(LAYOUTS["pp2"], out))
+    again = CliRunner().invoke(app, workload_run_args(LAYOUTS["pp2"], out))
     assert again.exit_code == 2 and "already holds a run" in again.output
     assert (out / "run.json").read_text() == before
 
