@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 
 import polars as pl
-from tracecal.predict.models import load_duration_model
 
+from tracecal.calibrate import load
 from tracecal.config import model_store_dir
 from tracecal.predict import attribution as at
 from tracecal.predict.replay import replay
@@ -35,13 +35,13 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     with open_database(args.db) as con:
-        model = load_duration_model(con, model_store_dir(args.db), args.cluster)
+        model = load(args.cluster, con, store_dir=model_store_dir(args.db))
         runs = [
             r[0] for r in con.execute("SELECT run_id FROM runs WHERE format = 'gpumodeling25' ORDER BY 1").fetchall()
         ]
         for run in runs:
             t0 = time.perf_counter()
-            v = validate_decoded_run(con, run, mode="predicted", model=model, cluster=args.cluster)
+            v = validate_decoded_run(con, run, mode="predicted", model=model)
             t1 = time.perf_counter()
             replays = at.family_replays(v.prediction)
             t2 = time.perf_counter()

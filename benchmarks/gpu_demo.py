@@ -30,7 +30,7 @@ from pathlib import Path
 
 import polars as pl
 
-from tracecal.cli.demo import COMPUTE_COMPONENTS
+from tracecal.api.demo import COMPUTE_COMPONENTS
 from tracecal.errors import TracecalError
 from tracecal.sql.connection import open_database, query_arrow
 from tracecal.sql.gpu_busy import GPU_BOUND_SHARE, gpu_busy, is_gpu_bound

@@ -7,7 +7,7 @@ For ``gpt_h2048_l8_bf16`` and ``demo_tiny`` in ``../shared/data/gpu/h200/`` this
    uncovered, by name.
 2. **In-trace errors per family**: the shared H200 samples imported and calibrated
    (``calibrate --cluster h200``), then every traced operator of both runs predicted
-   (``validate_in_trace``): coverage, MAPE, p50 and the time-weighted error (predicted − measured
+   (``calibrate``'s in-trace validation): coverage, MAPE, p50 and the time-weighted error (predicted − measured
    over the covered operators' measured time) per run and family.
    The element-wise calls of gpt by op, dtype and bytes per element come next: a cast between
    float32 and bfloat16 moves 6 bytes per element, a same-dtype copy 4 or 8.
@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from tracecal.calibrate import calibrate_cluster, validate_in_trace
-from tracecal.calibrate.in_trace import traced_rows
+from tracecal.calibrate import load
+from tracecal.calibrate.in_trace import in_trace_report, traced_rows
 from tracecal.config import model_store_dir
 from tracecal.samplers.from_run import run_points
 from tracecal.samplers.plan import neighbourhood
@@ -80,8 +80,7 @@ def prepare(db: Path) -> None:
          "--db", str(db)],
         check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    with open_database(db) as con:
-        calibrate_cluster(con, CLUSTER, store_dir=model_store_dir(db))
+    tracecal.open(db).calibrate(CLUSTER)
 
 
 def coverage(con: object) -> None:
@@ -100,8 +99,8 @@ def coverage(con: object) -> None:
 
 def in_trace(con: object, db: Path) -> None:
     print("\n## in-trace errors per family (shared H200 samples, calibrated here)")
-    report = validate_in_trace(con, CLUSTER, store_dir=model_store_dir(db))  # type: ignore[arg-type]
-    assert report is not None
+    rows = traced_rows(con, CLUSTER)  # type: ignore[arg-type]
+    report = in_trace_report(rows, load(CLUSTER, con, store_dir=model_store_dir(db)).predict(rows))  # type: ignore[arg-type]
     print(f"{'run':<18} {'family':<12} {'ops':>6} {'meas ms':>9} {'covered':>8} {'MAPE':>7} {'p50':>7} {'time err':>9}")
     for r in report.iter_rows(named=True):
         fmt = lambda v: "" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"  # noqa: E731
@@ -115,12 +114,10 @@ def in_trace(con: object, db: Path) -> None:
 def elementwise_calls(con: object, db: Path) -> None:
     """In-trace errors of the element-wise calls, by op, dtype and bytes per element: a cast (a
     ``copy_`` between float32 and bfloat16, 6 bytes per element) apart from same-dtype copies."""
-    from tracecal.calibrate import load
-
     print("\n## in-trace errors of element-wise calls by op, dtype and bytes per element (gpt)")
     rows = traced_rows(con, CLUSTER)  # type: ignore[arg-type]
     rows = rows.filter((pl.col("run_id") == RUNS[0]) & (pl.col("family") == "elementwise"))
-    predicted = load(CLUSTER, con=con, store_dir=model_store_dir(db)).predict(rows)  # type: ignore[arg-type]
+    predicted = load(CLUSTER, con, store_dir=model_store_dir(db)).predict(rows)  # type: ignore[arg-type]
     rows = rows.with_columns(
         pl.Series("pred", np.asarray(predicted, dtype=float)),
         (pl.col("io_bytes") / pl.col("elements")).round(1).alias("bytes_per_element"),

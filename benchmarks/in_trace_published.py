@@ -7,7 +7,7 @@ Dims; the tables lost ``Input type``, the runs are fp16, so every tensor is ``c1
 families and shapes with ``tracecal.decode.shape_features.family_shape_table``, flags the rows whose CPU op
 and kernel disagree with ``tracecal.decode.consistency.misaligned_ops`` and drops them, sums the
 kernels of each CPU operator (``tracecal.calibrate.in_trace.per_operator``), predicts each operator
-once with ``tracecal.calibrate.load(cluster).predict`` and prints, per family: kernels, operators,
+once with ``tracecal.open(db).models(cluster).predict`` and prints, per family: kernels, operators,
 share of measured time, coverage, MAPE, median APE and the time-weighted error of the covered
 operators. Usage::
 
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from tracecal.calibrate import load
+from tracecal.api import Session
 from tracecal.calibrate.in_trace import per_operator
 from tracecal.decode.consistency import misaligned_ops
 from tracecal.decode.shape_features import family_shape_table
@@ -130,7 +130,7 @@ def main() -> None:
     parser.add_argument("--worst", type=int, default=3, help="worst operators to print per family")
     args = parser.parse_args()
     db = args.db or calibrated_db()
-    models = load(CLUSTER, db=db)
+    models = Session(db).models(CLUSTER)
     if args.unsampled:
         models.unsampled = args.unsampled
     rows = read_tables()

@@ -119,8 +119,7 @@ def _model_key(log) -> tuple:
 
 
 def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tuple[pl.DataFrame, list]:
-    from tracecal.predict.models import load_duration_model
-
+    from tracecal.calibrate import load
     from tracecal.config import model_store_dir
     from tracecal.predict.relayout_run import predict_layout, run_layout, source_job
     from tracecal.predict.search import device_memory_bytes, search_run
@@ -131,14 +130,14 @@ def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tup
 
     rows, searches = [], []
     with open_database(db) as con:
-        model = load_duration_model(con, model_store_dir(db), cluster)
+        model = load(cluster, con, store_dir=model_store_dir(db))
         groups: dict[tuple, list[str]] = {}
         for run_id in run_ids:
             log = parse_neox_log(sorted(source_job(con, run_id).glob("*.log"))[0])
             groups.setdefault(_model_key(log), []).append(run_id)
         measured, floor, layouts = {}, {}, {}
         for run_id in run_ids:
-            _, own = predict_stored_run(con, run_id, mode="predicted", model=model, store=False)
+            _, own = predict_stored_run(con, run_id, mode="predicted", model=model)
             it = with_published_iteration(con, run_id, own).iteration_error()
             measured[run_id] = int(it["measured_ns"].max())
             floor[run_id] = int(it["predicted_ns"].max())
@@ -262,8 +261,7 @@ def prepare_workload(db: Path, runs: list[Path]) -> None:
     this machine, calibrate the ``local`` cluster (steps already done are skipped)."""
     import duckdb
 
-    from tracecal.calibrate import calibrate_cluster
-    from tracecal.config import model_store_dir
+    import tracecal
     from tracecal.pipeline.ingest import IngestOptions, ingest_runs
     from tracecal.samplers.compute import sample_compute
     from tracecal.samplers.from_run import run_points
@@ -299,13 +297,11 @@ def prepare_workload(db: Path, runs: list[Path]) -> None:
         "--sizes", "4K,16K,64K,256K,1M,4M,16M", "--collectives", "all_reduce,send", "--repeats", "10",
         db=db)  # fmt: skip
     print(f"sampled gloo collectives in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    with open_database(db) as con:
-        calibrate_cluster(con, LOCAL, store_dir=model_store_dir(db), folds=2)
+    tracecal.open(db).calibrate(LOCAL, folds=2)
 
 
 def evaluate_workload(db: Path, run_ids: list[str]) -> pl.DataFrame:
-    from tracecal.predict.models import load_duration_model
-
+    from tracecal.calibrate import load
     from tracecal.config import model_store_dir
     from tracecal.predict.relayout_run import predict_layout, run_layout
     from tracecal.predict.store import predict_stored_run
@@ -313,10 +309,10 @@ def evaluate_workload(db: Path, run_ids: list[str]) -> pl.DataFrame:
 
     rows = []
     with open_database(db) as con:
-        model = load_duration_model(con, model_store_dir(db), LOCAL)
+        model = load(LOCAL, con, store_dir=model_store_dir(db))
         measured, floor, layouts = {}, {}, {}
         for run_id in run_ids:
-            _, own = predict_stored_run(con, run_id, mode="predicted", model=model, store=False)
+            _, own = predict_stored_run(con, run_id, mode="predicted", model=model)
             it = own.iteration_error()
             slow = it.sort("measured_ns", descending=True).row(0, named=True)
             measured[run_id], floor[run_id] = int(slow["measured_ns"]), int(slow["predicted_ns"])

@@ -8,7 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import polars as pl
@@ -18,33 +18,37 @@ import typer
 
 from tests.conftest import GPUMODELING25, REPO, SHARED
 from tracecal.api import Session
-from tracecal.api.commands import COMMAND_METHODS, CONSOLE_SCRIPTS, NOT_IN_API
+from tracecal.api.commands import COMMAND_METHODS, CONSOLE_SCRIPTS
 from tracecal.cli.main import app
 from tracecal.errors import InputNotFoundError, TracecalError
 
 API_PAGE = REPO / "docs" / "api.md"
 
 
-def _commands(typer_app: typer.Typer, prefix: str = "") -> Iterator[str]:
-    """Every leaf command of a typer app as typed after ``tracecal`` (``"samples measure comm"``)."""
+def _commands(typer_app: typer.Typer, prefix: str = "") -> Iterator[tuple[str, Callable[..., object]]]:
+    """Every leaf command of a typer app as typed after ``tracecal`` (``"samples measure comm"``), with
+    its function."""
     for command in typer_app.registered_commands:
-        name = command.name or (command.callback.__name__ if command.callback else "")
-        yield f"{prefix}{name}"
+        assert command.callback is not None
+        yield f"{prefix}{command.name or command.callback.__name__}", command.callback
     for group in typer_app.registered_groups:
         assert group.typer_instance is not None
         yield from _commands(group.typer_instance, f"{prefix}{group.name} ")
 
 
-def test_every_command_has_a_session_method_or_says_why_not() -> None:
-    commands = set(_commands(app))
-    assert commands == set(COMMAND_METHODS) | set(NOT_IN_API), (
-        f"commands missing from tracecal/api/commands.py: {sorted(commands - set(COMMAND_METHODS) - set(NOT_IN_API))}; "
-        f"entries without a command: {sorted(set(COMMAND_METHODS) | set(NOT_IN_API) - commands)}"
+def test_every_command_has_a_session_method_and_calls_it() -> None:
+    """The command's function calls its method (or the ``_report`` / ``_arrow`` variant beside it):
+    a command that runs steps of its own instead fails here, one whose method is gone fails too."""
+    commands = dict(_commands(app))
+    assert set(commands) == set(COMMAND_METHODS), (
+        f"commands missing from tracecal/api/commands.py: {sorted(set(commands) - set(COMMAND_METHODS))}; "
+        f"entries without a command: {sorted(set(COMMAND_METHODS) - set(commands))}"
     )
-    assert not set(COMMAND_METHODS) & set(NOT_IN_API)
     for command, method in COMMAND_METHODS.items():
         assert callable(getattr(Session, method, None)), f"{command}: Session has no method {method}"
         assert inspect.getdoc(getattr(Session, method)), f"Session.{method} has no docstring"
+        source = inspect.getsource(commands[command])
+        assert re.search(rf"\.{method}(_report|_arrow)?\(", source), f"`tracecal {command}` does not call {method}"
 
 
 def test_console_scripts_are_commands_with_methods() -> None:

@@ -16,7 +16,7 @@ import pytest
 from test_calibrate import NCCL, imported
 from typer.testing import CliRunner
 
-from tracecal.calibrate import load
+from tracecal.api import Session
 from tracecal.calibrate.estimators import DurationRegressor
 from tracecal.calibrate.features import feature_frame, informative_phase, usable_features
 from tracecal.calibrate.fitting import GroupKey, fit_group
@@ -145,25 +145,25 @@ def test_a_stored_smoother_is_refitted_exactly_on_load(tmp_path: Path) -> None:
     assert set(meta["local"]) == {"k", "kernel", "degree"}
     training = pl.read_parquet(meta_path.parent / "training.parquet")
     rows = training.with_columns(phase=pl.col("direction"))
-    predicted = load("perlmutter", db=db).predict(rows)
+    predicted = Session(db).models("perlmutter").predict(rows)
     assert np.mean(np.abs(predicted - training["median_ns"].to_numpy()) / training["median_ns"].to_numpy()) < 0.01
     # another neighbourhood is another model: the stored check predictions catch it
     original = meta_path.read_text()
     meta["local"]["k"] = meta["local"]["k"] + 7
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CalibrationError, match="does not reproduce its stored predictions"):
-        load("perlmutter", db=db).predict(rows)
+        Session(db).models("perlmutter").predict(rows)
     # a smoother this tracecal does not know, or metadata missing a key: one error, not a KeyError
     meta = json.loads(original)
     meta["local"]["kernel"] = "epanechnikov"
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CalibrationError, match="cannot refit its stored smoother"):
-        load("perlmutter", db=db).predict(rows)
+        Session(db).models("perlmutter").predict(rows)
     meta = json.loads(original)
     del meta["hyperparams"]
     meta_path.write_text(json.dumps(meta))
     with pytest.raises(CalibrationError, match="lacks hyperparams"):
-        load("perlmutter", db=db)
+        Session(db).models("perlmutter")
     meta_path.write_text(original)
     # one training duration edited far from the check rows changes the smoother there only: the
     # check predictions cannot see it, the file hash does
@@ -174,9 +174,9 @@ def test_a_stored_smoother_is_refitted_exactly_on_load(tmp_path: Path) -> None:
     )
     edited.write_parquet(meta_path.parent / "training.parquet")
     with pytest.raises(CalibrationError, match=r"training\.parquet is not the training data"):
-        load("perlmutter", db=db).predict(rows)
+        Session(db).models("perlmutter").predict(rows)
     (meta_path.parent / "training.parquet").write_bytes(stored_bytes)
-    assert np.allclose(load("perlmutter", db=db).predict(rows), predicted, rtol=1e-9)
+    assert np.allclose(Session(db).models("perlmutter").predict(rows), predicted, rtol=1e-9)
 
 
 def test_unknown_shapes_and_k_are_refused() -> None:

@@ -1,4 +1,4 @@
-"""Calibration end to end: import published samples, `calibrate`, the store, `load().predict`, the CLI.
+"""Calibration end to end: import published samples, `calibrate`, the store, `Session.models().predict`, the CLI.
 
 One small calibration (layernorm + two NCCL sweeps of the published Perlmutter data) is shared by the
 module; each test checks one behaviour of what it stored.
@@ -16,7 +16,7 @@ import pytest
 from conftest import GPUMODELING25
 from typer.testing import CliRunner
 
-from tracecal.calibrate import load
+from tracecal.api import Session
 from tracecal.calibrate.routing import direction_of
 from tracecal.cli.main import app
 from tracecal.config import model_store_dir
@@ -104,7 +104,7 @@ def test_models_table_and_artifacts(calibrated: dict[str, Path]) -> None:
 
 @pytest.mark.slow
 def test_load_predicts_samples_and_traced_rows(calibrated: dict[str, Path]) -> None:
-    models = load("perlmutter", db=calibrated["db"])
+    models = Session(calibrated["db"]).models("perlmutter")
     assert models.families() == ["comm", "norm"]
     rows = pl.DataFrame(
         {
@@ -153,16 +153,16 @@ def test_load_refuses_incompatible_or_tampered_artifacts(calibrated: dict[str, P
         meta["check"]["predicted_ns"] = [2 * v for v in meta["check"]["predicted_ns"]]
         path.write_text(json.dumps(meta))
         with pytest.raises(CalibrationError, match="does not reproduce its stored predictions"):
-            load("perlmutter", db=db, store_dir=store).predict(rows)
+            Session(db).models("perlmutter").predict(rows)
         # a forest refitted by another scikit-learn minor version would differ: refuse to load
         meta = json.loads(original)
         meta["versions"]["scikit-learn"] = "0.1.0"
         path.write_text(json.dumps(meta))
         if meta["model_kind"] in ("random_forest", "blend", "local_forest"):
             with pytest.raises(CalibrationError, match=r"scikit-learn 0\.1\.0"):
-                load("perlmutter", db=db, store_dir=store)
+                Session(db).models("perlmutter")
         path.write_text(original)
-        assert np.isfinite(load("perlmutter", db=db, store_dir=store).predict(rows)).all()
+        assert np.isfinite(Session(db).models("perlmutter").predict(rows)).all()
 
 
 def test_unknown_cluster_is_one_line_exit_2(tmp_path: Path) -> None:
@@ -173,7 +173,7 @@ def test_unknown_cluster_is_one_line_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "no samples for cluster 'nowhere'" in result.output
     with pytest.raises(CalibrationError, match="no calibrated models for cluster 'nowhere'"):
-        load("nowhere", db=db)
+        Session(db).models("nowhere")
 
 
 def test_calibrate_has_help() -> None:

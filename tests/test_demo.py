@@ -61,7 +61,7 @@ def test_demo_runs_the_whole_loop(tmp_path: Path) -> None:
 
 
 def test_the_device_decides_the_layout_and_a_missing_gpu_is_one_clear_line() -> None:
-    from tracecal.cli.demo import resolve_layout
+    from tracecal.api.demo import resolve_layout
     from tracecal.errors import WorkloadError
 
     assert resolve_layout("cpu", None, 1, 1, gpus=0) == 2  # PP2 on CPU

@@ -19,7 +19,7 @@ from tracecal.cli.main import app
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.components import ALL_COMPONENTS
 from tracecal.predict.run import predict_iteration
-from tracecal.predict.store import load_iteration, predict_stored_run
+from tracecal.predict.store import load_iteration, predict_stored_run, store_prediction
 from tracecal.sql.connection import open_database
 
 DLRM = KINETO / "dlrm_8rank"
@@ -78,7 +78,8 @@ def test_dlrm_faster_compute_shortens_the_iteration(dlrm_db: Path) -> None:
 def test_stored_results_are_replaced_not_duplicated(dlrm_db: Path, tmp_path: Path) -> None:
     with open_database(dlrm_db) as con:
         for _ in range(2):
-            predict_stored_run(con, "dlrm_8rank", mode="measured")
+            _, pred = predict_stored_run(con, "dlrm_8rank", mode="measured")
+            store_prediction(con, "dlrm_8rank", pred)
         n_comp = con.execute("SELECT count(*) FROM components WHERE run_id = 'dlrm_8rank'").fetchall()[0][0]
         n_pred = con.execute("SELECT count(*) FROM predictions WHERE mode = 'measured'").fetchall()[0][0]
         ops = con.execute(

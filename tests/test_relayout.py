@@ -161,7 +161,7 @@ def llemma_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_own_layout_replays_the_same_graph(llemma_db: Path, tmp_path: Path) -> None:
     with open_database(llemma_db) as con:
-        _, today = predict_stored_run(con, "llemma_7B_4_2_2_4_4", mode="measured", store=False)
+        _, today = predict_stored_run(con, "llemma_7B_4_2_2_4_4", mode="measured")
         same = predict_layout(con, "llemma_7B_4_2_2_4_4", Layout(4, 2, 2), mode="measured", work_dir=tmp_path)
     a, b = today.graph, same.prediction.graph
     assert a.nodes.equals(b.nodes)

@@ -142,7 +142,7 @@ def test_predict_layout_cli_and_identity(tiny_workload, tmp_path: Path) -> None:
     with open_database(db) as con:
         ingest_runs(con, [run], IngestOptions(workers=1))
         own = predict_layout(con, run.name, Layout(1, 1, 1), mode="measured", work_dir=tmp_path)
-        _, today = predict_stored_run(con, run.name, mode="measured", store=False, compare=False)
+        _, today = predict_stored_run(con, run.name, mode="measured", compare=False)
     assert own.prediction.graph.nodes.height == today.graph.nodes.height
     assert own.prediction.graph.nodes["name"].to_list() == today.graph.nodes["name"].to_list()
     out = CliRunner().invoke(app, ["predict", run.name, "--layout", "2x1x1", "--mode", "measured", "--db", str(db)])

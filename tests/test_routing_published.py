@@ -16,7 +16,7 @@ import pytest
 from conftest import GPUMODELING25
 from typer.testing import CliRunner
 
-from tracecal.calibrate import load
+from tracecal.api import Session
 from tracecal.calibrate.features import feature_frame
 from tracecal.calibrate.in_trace import in_trace_report, per_operator
 from tracecal.calibrate.routing import CalibratedModels, direction_of, op_kind
@@ -41,7 +41,7 @@ def _calibrated(root: Path, source: Path, files: list[str], cluster: str) -> Cal
     assert result.exit_code == 0, result.output
     result = runner.invoke(app, ["calibrate", "--cluster", cluster, "--db", str(db), "--folds", "2"])
     assert result.exit_code == 0, result.output
-    return load(cluster, db=db)
+    return Session(db).models(cluster)
 
 
 @pytest.fixture(scope="module")

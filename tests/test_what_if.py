@@ -164,9 +164,9 @@ def test_uncovered_operators_take_the_ratio_and_the_rest_is_named(dlrm: Path) ->
 
 
 def test_cli_names_what_stayed_measured_and_says_change(dlrm: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tracecal.predict.models as models
+    from tracecal.api import Session
 
-    monkeypatch.setattr(models, "load_duration_model", lambda con, store, cluster: _GemmOnly())
+    monkeypatch.setattr(Session, "duration_model", lambda self, con, cluster: _GemmOnly())
     runner = CliRunner(env={"COLUMNS": "200"})
     out = runner.invoke(app, ["predict", "dlrm_8rank", "--cluster", "gemm-only", "--db", str(dlrm)])
     assert out.exit_code == 0, out.output

@@ -26,17 +26,24 @@ if TYPE_CHECKING:  # the cores load when a method runs: `import tracecal` stays 
     import polars as pl
     import pyarrow as pa
 
-    from tracecal.calibrate import Calibration
+    from tracecal.api.demo import DemoPlan, DemoReport, DemoStage
+    from tracecal.api.sampling import CommSampling, ComputeSampling
+    from tracecal.calibrate.fitting import GroupResult
+    from tracecal.calibrate.routing import CalibratedModels
     from tracecal.pipeline.ingest import IngestReport, Progress
     from tracecal.predict.diff import Diff
     from tracecal.predict.durations import DurationModel
     from tracecal.predict.export_store import ExportResult
+    from tracecal.predict.relayout_run import LayoutPrediction
     from tracecal.predict.run import Prediction
     from tracecal.predict.search import SearchResult
     from tracecal.predict.store import StoredIteration
+    from tracecal.samplers.plan import ComputePlan
     from tracecal.sources.gpumodeling25.validate.published_runs import PublishedValidation
     from tracecal.sql.iterations import IterationReport
     from tracecal.vocabulary import ParallelLayout
+    from tracecal.workload import WorkloadConfig
+    from tracecal.workload.launch import LocalRun
 
 Mode = Literal["measured", "predicted", "scaled"]
 
@@ -102,16 +109,33 @@ class SamplesImport:
 
 
 @dataclass(frozen=True)
+class Calibration:
+    """What `calibrate` did: the per-group fits, the hold-out report (one row per op × direction), the
+    models stored and the comparison with the published errors."""
+
+    cluster: str
+    results: list[GroupResult]
+    report: pl.DataFrame
+    stored: int
+    comparison: list[dict[str, Any]]
+    """Per scope (compute, comm): our hold-out errors beside the published ones
+    (``validation.published_comparison``)."""
+
+
+@dataclass(frozen=True)
 class ValidateReport:
     """What `tracecal validate` shows. ``decoded``: the decoded GPT-NeoX runs scored like the published
-    Table 9; ``traced``: (run id, prediction) of the traced runs; ``published_attribution``: with
-    ``attribute``, each decoded run's Table 9 cells split by the schedule and the op families."""
+    Table 9; ``traced``: (run id, prediction) of the traced runs. With ``attribute``,
+    ``published_attribution`` splits each decoded run's Table 9 cells by the schedule and the op
+    families, and ``traced_attribution`` each traced run's components per rank
+    (``attribution.component_attribution`` rows with ``run_id``)."""
 
     mode: str
     cluster: str | None
     decoded: list[PublishedValidation]
     traced: list[tuple[str, Prediction]]
     published_attribution: list[pl.DataFrame] | None
+    traced_attribution: pl.DataFrame | None = None
 
 
 class Session:
@@ -283,9 +307,9 @@ class Session:
 
     def duration_model(self, con: duckdb.DuckDBPyConnection, cluster: str) -> DurationModel:
         """The calibrated models of ``cluster`` (the error says to run `calibrate` when there are none)."""
-        from tracecal.predict.models import load_duration_model
+        from tracecal.calibrate import load
 
-        return load_duration_model(con, self.model_dir, cluster)
+        return load(cluster, con, store_dir=self.model_dir)
 
     def predict(
         self,
@@ -338,8 +362,8 @@ class Session:
             source = run_cluster(con, run)
             ratios = _cross_cluster_ratios(con, run, source, cluster) if resolved == "predicted" else {}
             stored, pred = predict_stored_run(
-                con, run, mode=resolved, cluster=cluster, model=model, scale=factors, iteration=iteration,
-                store=False, replay=replay, gpus_per_node=gpn, fallback={f: r.factor for f, r in ratios.items()},
+                con, run, mode=resolved, model=model, scale=factors, iteration=iteration, replay=replay,
+                gpus_per_node=gpn, fallback={f: r.factor for f, r in ratios.items()},
             )  # fmt: skip
             decoded = is_decoded_run(con, run)
             if decoded:
@@ -397,7 +421,7 @@ class Session:
         from its prediction, `predict.attribution.component_attribution`). ``progress(run, index, total)``
         is called before each run."""
         from tracecal.predict.durations import parse_scale
-        from tracecal.predict.store import predict_stored_run
+        from tracecal.predict.store import predict_stored_run, store_prediction
         from tracecal.sources.gpumodeling25.validate.published_runs import is_decoded_run, validate_decoded_run
 
         factors = parse_scale(list(scale))
@@ -426,16 +450,25 @@ class Session:
                 if progress is not None:
                     progress(run_id, i, len(ordered))
                 if run_id in decoded_ids:
-                    decoded.append(
-                        validate_decoded_run(con, run_id, mode=resolved, model=model, cluster=cluster, scale=factors)
-                    )
+                    result = validate_decoded_run(con, run_id, mode=resolved, model=model, scale=factors)
+                    store_prediction(con, run_id, result.prediction, cluster=cluster)
+                    decoded.append(result)
                 else:
-                    _, pred = predict_stored_run(
-                        con, run_id, mode=resolved, cluster=cluster, model=model, scale=factors
-                    )
+                    _, pred = predict_stored_run(con, run_id, mode=resolved, model=model, scale=factors)
+                    store_prediction(con, run_id, pred, cluster=cluster)
                     traced.append((run_id, pred))
             cells = _published_attribution(con, decoded) if attribute and decoded else None
-        return ValidateReport(resolved, cluster, decoded, traced, cells)
+        per_rank = None
+        if attribute and traced:
+            import polars as pl
+
+            from tracecal.predict.attribution import component_attribution
+
+            per_rank = pl.concat(
+                [component_attribution(p).with_columns(pl.lit(r).alias("run_id")) for r, p in traced],
+                how="diagonal_relaxed",
+            )
+        return ValidateReport(resolved, cluster, decoded, traced, cells, per_rank)
 
     # -- calibrate, samples ---------------------------------------------------------------------
 
@@ -462,14 +495,28 @@ class Session:
         published: Sequence[str | Path] = (),
         folds: int = 3,
         progress: Callable[[Any, int, int], None] | None = None,
+        in_trace: bool = True,
     ) -> tuple[Calibration, pl.DataFrame | None]:
-        """The calibration result (hold-out table, models stored) and the in-trace validation on the
-        operators of the cluster's ingested runs (``None`` when no run has that cluster). ``published``:
-        directories of GPUModeling25 tuned-config files whose errors to set beside ours; ``progress(group,
-        index, total)`` after each model group."""
+        """Read the cluster's samples, fit and select a regressor per model group, store them (one
+        transaction for the ``models`` rows; only ``family``'s when given), and validate them on the
+        operators of the cluster's ingested runs. Returns the calibration (hold-out table, models
+        stored) and that in-trace table (``None`` when no run has that cluster, or without
+        ``in_trace``). ``published``: directories of GPUModeling25 tuned-config files whose errors to
+        set beside ours; ``progress(group, index, total)`` after each model group.
+
+        Raises:
+            SampleError: the cluster has no samples.
+            CalibrationError: no group has enough samples to fit; stored models that do not load.
+        """
         import polars as pl
 
-        from tracecal.calibrate import calibrate_cluster, validate_in_trace
+        from tracecal.calibrate import load
+        from tracecal.calibrate.fitting import calibrate_samples, report_frame
+        from tracecal.calibrate.in_trace import in_trace_report, traced_rows
+        from tracecal.calibrate.store import save_results
+        from tracecal.calibrate.validation import published_comparison
+        from tracecal.errors import CalibrationError
+        from tracecal.sql.samples import read_samples
 
         published_frame = None
         if published:
@@ -477,12 +524,33 @@ class Session:
 
             published_frame = pl.concat([published_errors(Path(d)) for d in published])
         with self.connect() as con:
-            result = calibrate_cluster(
-                con, cluster, store_dir=self.model_dir, family=family, published=published_frame, folds=folds,
-                on_group=progress,
-            )  # fmt: skip
-            in_trace = validate_in_trace(con, cluster, store_dir=self.model_dir)
-        return result, in_trace
+            samples = read_samples(con, cluster, family=family)
+            results = calibrate_samples(
+                samples, cluster, published=published_frame, family=family, folds=folds, n_jobs=2, on_group=progress
+            )
+            if not results:
+                what = f"family {family!r} of " if family else ""
+                raise CalibrationError(
+                    f"no samples of a modelled family for {what}cluster {cluster!r}; sample compute ops or "
+                    "collectives first"
+                )
+            stored = save_results(con, self.model_dir, cluster, results, family=family)
+            report = report_frame(results)
+            calibration = Calibration(cluster, results, report, stored, published_comparison(report))
+            # in-trace validation: the stored models against the traced operators of the cluster's runs
+            rows = traced_rows(con, cluster) if in_trace else None
+            trace_table = None
+            if rows is not None and rows.height:
+                trace_table = in_trace_report(rows, load(cluster, con, store_dir=self.model_dir).predict(rows))
+        return calibration, trace_table
+
+    def models(self, cluster: str) -> CalibratedModels:
+        """The stored models of ``cluster``: ``.predict(rows) -> durations_ns`` on ``operators`` or
+        collective rows (each regressor rebuilt from its artifact on first use)."""
+        from tracecal.calibrate import load
+
+        with self.connect(read_only=True) as con:
+            return load(cluster, con, store_dir=self.model_dir)
 
     def samples_import(
         self,
@@ -558,6 +626,120 @@ class Session:
 
         with self.connect() as con:
             return dict(reflag_cluster(con, cluster))
+
+    def samples_plan(
+        self,
+        *,
+        config: str | None = None,
+        from_run: str | None = None,
+        dtypes: Sequence[str] | None = None,
+        families: Sequence[str] | None = None,
+        parts: int = 1,
+        part: int = 1,
+        inference: bool = False,
+        exact: bool = False,
+    ) -> ComputePlan:
+        """`tracecal samples measure compute --plan`: the points of a grid (``config``) or of an ingested
+        run's traced calls and their neighbours (``from_run``; ``exact``: the traced calls alone), with
+        the share of the run's operator time they cover. Times nothing."""
+        from tracecal.api.sampling import compute_plan
+
+        return compute_plan(
+            self, config=config, from_run=from_run, dtypes=dtypes, families=families, parts=parts, part=part,
+            inference=inference, exact=exact,
+        )  # fmt: skip
+
+    def samples_measure_compute(
+        self,
+        cluster: str,
+        plan: ComputePlan | None = None,
+        *,
+        device: str = "cpu",
+        repeats: int | None = None,
+        warmup: int | None = None,
+        threads: int | None = None,
+        timing: str | None = None,
+        passes: int = 1,
+        processes: int = 1,
+        dry_run: bool = False,
+        progress: Callable[[int, int, str], None] | None = None,
+        **plan_options: Any,
+    ) -> ComputeSampling:
+        """`tracecal samples measure compute`: time the points of ``plan`` (else of
+        ``samples_plan(**plan_options)``) that ``cluster`` has not stored yet, forward and backward,
+        store the samples and re-flag the cluster's samples. ``dry_run``: only count the points left
+        per family and direction."""
+        from tracecal.api.sampling import measure_compute
+
+        plan = plan if plan is not None else self.samples_plan(**plan_options)
+        return measure_compute(
+            self, cluster, plan, device=device, repeats=repeats, warmup=warmup, threads=threads, timing=timing,
+            passes=passes, processes=processes, dry_run=dry_run, progress=progress,
+        )  # fmt: skip
+
+    def samples_measure_comm(
+        self,
+        cluster: str,
+        *,
+        world_size: int = 2,
+        config: str | None = None,
+        sizes: str | None = None,
+        collectives: str | None = None,
+        dtype: str | None = None,
+        groups: str | None = None,
+        repeats: int | None = None,
+        warmup: int | None = None,
+    ) -> CommSampling:
+        """`tracecal samples measure comm`: time collectives and send/recv over a size sweep (the slowest
+        rank's time is the sample) on ``world_size`` local gloo processes, or in the launcher's process
+        group when this process is a torchrun rank (rank 0 writes); store and re-flag."""
+        from tracecal.api.sampling import measure_comm
+
+        return measure_comm(
+            self, cluster, world_size=world_size, config=config, sizes=sizes, collectives=collectives, dtype=dtype,
+            groups=groups, repeats=repeats, warmup=warmup,
+        )  # fmt: skip
+
+    # -- workload, demo -------------------------------------------------------------------------
+
+    def workload_run(
+        self, out: str | Path, config: WorkloadConfig | None = None, *, force: bool = False, **options: Any
+    ) -> LocalRun:
+        """`tracecal workload run --out DIR`: train the reference GPT (``config``, else a
+        `tracecal.workload.WorkloadConfig` of ``options``) with pp·tp·dp local processes under
+        torch.profiler, one trace per rank and ``run.json`` in ``out``. It writes no database: `ingest`
+        reads the run directory next. ``force`` replaces a run already there."""
+        from tracecal.workload import WorkloadConfig, run_local
+
+        cfg = (config or WorkloadConfig(**options)).validate()
+        return run_local(cfg, Path(out), force=force)
+
+    def demo(
+        self,
+        directory: str | Path | None = None,
+        plan: DemoPlan | None = None,
+        *,
+        repeats: int = 2,
+        passes: int = 3,
+        processes: int | None = None,
+        on_start: Callable[[DemoStage], None] | None = None,
+        on_done: Callable[[DemoStage, Any], None] | None = None,
+        progress: Callable[[str, int, int, str], None] | None = None,
+        **plan_options: Any,
+    ) -> DemoReport:
+        """`tracecal demo`: train the reference GPT here, ingest it into this database, sample its shapes,
+        calibrate the ``local`` cluster and replay the best iteration (measured and predicted, both
+        stored); the run and the figures go to ``directory`` (default: beside the database). ``plan``
+        from `tracecal.api.demo.plan_demo` (else made of ``plan_options``: device, pp, tp, dp, steps,
+        timing). ``on_start(stage)`` / ``on_done(stage, result)`` around each of the five stages."""
+        from tracecal.api.demo import plan_demo, run_demo
+
+        plan = plan if plan is not None else plan_demo(**plan_options)
+        where = Path(directory) if directory is not None else self.db_path.absolute().parent
+        return run_demo(
+            self, where, plan, repeats=repeats, passes=passes, processes=processes, on_start=on_start,
+            on_done=on_done, progress=progress,
+        )  # fmt: skip
 
     # -- export, diff, search -------------------------------------------------------------------
 
@@ -669,6 +851,39 @@ class Session:
                 micro_batch_size=micro_batch_size, memory_bytes=memory, progress=progress,
             )  # fmt: skip
         return result, memory_source
+
+    def predict_layout(
+        self,
+        run: str,
+        layout: str | None = None,
+        *,
+        cluster: str | None = None,
+        mode: str = "predicted",
+        micro_batches: int | None = None,
+        micro_batch_size: int | None = None,
+        gpus_per_node: int | None = None,
+        replay: str = "fitted",
+    ) -> LayoutPrediction:
+        """`tracecal predict RUN --layout PPxTPxDP`: rebuild RUN's iteration at another layout (``None``:
+        the run's own PP, TP and DP with other micro-batches) and replay it; stores nothing."""
+        from tracecal.predict.layouts import Layout, parse_layout
+        from tracecal.predict.relayout_run import predict_layout, run_layout
+
+        with self.connect() as con:
+            if layout is None:
+                own = run_layout(con, run)
+                pp, tp, dp = own.pp, own.tp, own.dp
+            else:
+                pp, tp, dp = parse_layout(layout)
+            target = Layout(pp, tp, dp, micro_batches, micro_batch_size, gpus_per_node)
+            model = None
+            if mode == "predicted":
+                if not cluster:
+                    raise PredictionError(
+                        "predicting a layout needs --cluster NAME (or --mode measured for the traced durations)"
+                    )
+                model = self.duration_model(con, cluster)
+            return predict_layout(con, run, target, mode=mode, model=model, replay=replay)
 
 
 def component_table_ms(pred: Prediction) -> pl.DataFrame:

@@ -241,6 +241,51 @@ class DurationRegressor:
         y = np.asarray(durations_ns, dtype=np.float64)
         return self.fit_on_baseline(PhysicalBaseline(self.physical_columns).fit(features, y), features, y)
 
+    def artifact_state(self) -> dict[str, Any]:
+        """What a fitted regressor's artifact keeps besides its hyper-parameters, training rows and
+        booster, for ``from_artifact``: the features, the baseline's columns and coefficients, and the
+        smoother's leave-one-out choice (``k``, ``kernel``, ``degree``; None without a smoother)."""
+        _check_fitted(self, "baseline_")
+        return {
+            "features": list(self.features),
+            "physical_columns": list(self.physical_columns),
+            "baseline_coef": [float(c) for c in self.baseline_.coef_],
+            "local": (
+                {"k": int(self.local_.k_), "kernel": self.local_.kernel_, "degree": int(self.local_.degree_)}
+                if hasattr(self, "local_")
+                else None
+            ),
+        }
+
+    @classmethod
+    def from_artifact(
+        cls,
+        hyperparams: dict[str, Any],
+        state: dict[str, Any],
+        features: pl.DataFrame,
+        durations_ns: np.ndarray,
+        booster: Any = None,
+    ) -> DurationRegressor:
+        """The fitted regressor an artifact describes: the one way a stored model is loaded.
+
+        ``hyperparams`` as ``get_params`` gave them, ``state`` as ``artifact_state`` gave it, the
+        training rows' ``features`` and durations, and for the boosted kinds the saved ``booster``. The
+        baseline and booster are kept as saved; the forest and smoother are refitted on the same rows
+        (seeded, and the smoother takes its stored choice without a search), so the result is the
+        regressor that was stored.
+
+        Raises:
+            CalibrationError: the hyper-parameters or state do not fit this version, or the refit fails.
+        """
+        try:
+            model = cls(**hyperparams)
+            baseline = PhysicalBaseline(state["physical_columns"])
+            baseline.coef_ = np.asarray(state["baseline_coef"], dtype=np.float64)
+            baseline.n_features_in_ = len(baseline.columns)
+            return model.fit_on_baseline(baseline, features, durations_ns, local=state.get("local"), booster=booster)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CalibrationError(f"the stored regressor does not fit this tracecal ({exc!r})") from exc
+
     def fit_on_baseline(
         self,
         baseline: PhysicalBaseline,
@@ -251,10 +296,8 @@ class DurationRegressor:
         booster: Any = None,
     ) -> DurationRegressor:
         """Fit the residual models of this kind on top of a fitted ``baseline``: ``fit``'s steps after
-        the baseline. The model store rebuilds a stored regressor with it from what it keeps: the
-        baseline and ``booster`` as saved (kept, not fitted), the smoother's stored choice ``local``
-        (``k``, ``kernel``, ``degree``: no search) and the same rows (the seeded forest grows the
-        same trees)."""
+        the baseline. ``from_artifact`` passes what an artifact keeps: the baseline and ``booster`` as
+        saved (kept, not fitted) and the smoother's stored choice ``local`` (no search)."""
         y = np.asarray(durations_ns, dtype=np.float64)
         if self.kind not in MODEL_KINDS:
             raise CalibrationError(f"unknown model kind {self.kind!r}; expected one of {', '.join(MODEL_KINDS)}")

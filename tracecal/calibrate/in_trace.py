@@ -21,6 +21,7 @@ import polars as pl
 
 from tracecal.calibrate.validation import error_metrics
 from tracecal.decode.parameters import StepParameters, parameter_groups
+from tracecal.schema import SHAPE_COLUMNS
 from tracecal.sql.query_files import query_file, query_frame
 
 REPORT_SCHEMA = {
@@ -113,9 +114,9 @@ def as_optimizer_steps(rows: pl.DataFrame) -> pl.DataFrame:
     step = pl.col("optimizer_step").is_not_null()
     if "kind" in rows.columns:
         step = step & pl.col("kind").is_in(STEP_KINDS).fill_null(False)
-    shape_columns = [c for c in ("m", "n", "k", "heads", "seq_q", "seq_k", "head_dim", "causal", "tokens", "vocab",
-                                 "hidden", "flops", "io_bytes") if c in rows.columns]  # fmt: skip
-    kept = {c: pl.col(c) if c in rows.columns else pl.lit(None) for c in ("params", "elements", "batch", "dtype")}
+    own = ("params", "elements", "batch", "dtype")  # the step's shape; every other shape column is cleared
+    shape_columns = [c.name for c in SHAPE_COLUMNS if c.name not in own and c.name in rows.columns]
+    kept = {c: pl.col(c) if c in rows.columns else pl.lit(None) for c in own}
     return rows.with_columns(
         pl.when(step).then(pl.col("optimizer_step_id")).otherwise(pl.col("cpu_op_event_id")).alias("cpu_op_event_id"),
         pl.when(step).then(pl.col("optimizer_step")).otherwise(pl.col("cpu_op_name")).alias("cpu_op_name"),

@@ -2,7 +2,7 @@
 
 The stable interface the replay uses (``tracecal.predict``)::
 
-    models = tracecal.calibrate.load("perlmutter", con=con, store_dir=model_store_dir(db))
+    models = tracecal.calibrate.load("perlmutter", con, store_dir=model_store_dir(db))
     durations_ns = models.predict(rows)   # np.ndarray, NaN where no model covers the row
 
 ``rows`` is a polars frame of ``operators`` rows (``family``, ``phase``, shape columns; optionally

@@ -9,12 +9,13 @@ One directory per model under ``config.model_store_dir(db) / <cluster> / <model_
 - ``booster.ubj`` — the XGBoost model in XGBoost's own format (xgboost/blend kinds);
 - ``training.parquet`` — the training samples' shape columns and durations.
 
-No pickle: scikit-learn forests and local smoothers are refitted on load from the stored
-hyper-parameters and training data (seeded or deterministic, so the refit is the same model),
-lazily — only when a row is routed to them. Loading checks the artifact schema, the metadata's
-keys, library versions, that ``training.parquet`` and ``booster.ubj`` are the files written at
-calibration (sha256; the check predictions alone would miss an edited row far from the few they
-cover) and that the rebuilt model reproduces the check predictions; anything else raises
+No pickle: a stored regressor is rebuilt by ``DurationRegressor.from_artifact``, the one loader
+(scikit-learn forests and local smoothers refitted from the stored hyper-parameters and training
+data, seeded or deterministic, so the refit is the same model), lazily: only when a row is routed to
+it. Loading checks the artifact schema, the metadata's keys, library versions, that
+``training.parquet`` and ``booster.ubj`` are the files written at calibration (sha256; the check
+predictions alone would miss an edited row far from the few they cover) and that the rebuilt model
+reproduces the check predictions; anything else raises
 ``CalibrationError`` telling the user to recalibrate.
 """
 
@@ -35,7 +36,7 @@ import numpy as np
 import polars as pl
 
 from tracecal import __version__
-from tracecal.calibrate.estimators import DurationRegressor, PhysicalBaseline, import_sklearn, import_xgboost
+from tracecal.calibrate.estimators import DurationRegressor, import_sklearn, import_xgboost
 from tracecal.calibrate.features import feature_frame
 from tracecal.calibrate.fitting import GroupKey, GroupResult, data_fingerprint
 from tracecal.errors import CalibrationError
@@ -96,15 +97,8 @@ def _write_artifact(directory: Path, cluster: str, result: GroupResult, created_
         "collective": _single(result.training, "collective"),
         "model_kind": result.kind,
         "hyperparams": result.params,
-        "features": list(model.features),
-        "physical_columns": list(model.physical_columns),
-        "baseline_coef": [float(c) for c in model.baseline_.coef_],
-        # the smoother's leave-one-out choice, so a load refits exactly this one (no search)
-        "local": (
-            {"k": int(model.local_.k_), "kernel": model.local_.kernel_, "degree": int(model.local_.degree_)}
-            if hasattr(model, "local_")
-            else None
-        ),
+        # features, baseline and the smoother's leave-one-out choice: DurationRegressor.from_artifact
+        **model.artifact_state(),
         "data_fingerprint": result.fingerprint,
         "training_sha256": training_sha256,
         "booster_sha256": booster_sha256,
@@ -250,25 +244,17 @@ class StoredModel:
 
     def _rebuild(self) -> DurationRegressor:
         meta = self.meta
-        try:
-            model = DurationRegressor(**meta["hyperparams"])
-        except TypeError as exc:
-            raise CalibrationError(
-                f"model {self.directory.name}: stored hyper-parameters do not fit this tracecal ({exc}); "
-                f"re-run `calibrate --cluster {meta['cluster']}`"
-            ) from exc
-        baseline = PhysicalBaseline(meta["physical_columns"])
-        baseline.coef_ = np.asarray(meta["baseline_coef"], dtype=np.float64)
-        baseline.n_features_in_ = len(baseline.columns)
-        booster = self._booster() if model.kind in ("xgboost", "blend") else None
+        booster = self._booster() if meta["model_kind"] in ("xgboost", "blend") else None
         training = self.training
-        features = feature_frame(training, meta["family"])
-        y = training.get_column("median_ns").to_numpy()
         try:
-            # deterministic: the forest is seeded and the smoother has no seed, so the same rows give
-            # the same trees and neighbourhoods
-            model.fit_on_baseline(baseline, features, y, local=meta.get("local"), booster=booster)
-        except (CalibrationError, KeyError, TypeError, ValueError) as exc:
+            model = DurationRegressor.from_artifact(
+                meta["hyperparams"],
+                meta,
+                feature_frame(training, meta["family"]),
+                training.get_column("median_ns").to_numpy(),
+                booster=booster,
+            )
+        except CalibrationError as exc:
             what = f"its stored smoother {meta['local']}" if meta.get("local") is not None else "it"
             raise CalibrationError(
                 f"model {self.directory.name}: cannot refit {what} ({exc}); "

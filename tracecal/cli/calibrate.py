@@ -51,7 +51,6 @@ def calibrate(
     (the published 80/20 one for imported samples) and on the traced operators of the cluster's runs,
     and store the models next to the database."""
     from tracecal.api import Session
-    from tracecal.calibrate.validation import published_comparison
 
     with user_errors():
         session = Session(db)
@@ -79,14 +78,14 @@ def calibrate(
                         "cluster": cluster,
                         "models_stored": result.stored,
                         "holdout": table.to_dicts(),
-                        "summary": published_comparison(table),
+                        "summary": result.comparison,
                         "in_trace": None if trace_table is None else trace_table.to_dicts(),
                     },
                     default=str,
                 )
             )
             return
-        _print_holdout(cluster, table, published_comparison(table))
+        _print_holdout(cluster, table, result.comparison)
         timing = _timing_line(table)
         if timing:
             stdout.print(timing)

@@ -101,15 +101,16 @@ def predict(
             raise PredictionError(f"unknown --format {fmt!r}; use one of {', '.join(FORMATS)}")
         resolved = resolve_mode(mode, cluster, scale or [])
         if layout is not None or micro_batches is not None or micro_batch_size is not None:
-            from tracecal.predict.durations import parse_scale
+            if scale:
+                raise PredictionError("--scale does not apply with --layout: the rebuilt layout is predicted as it is")
+            from tracecal.cli.search import render_layout
 
-            parse_scale(scale or [])  # a bad --scale is reported before the layout is rebuilt
-            from tracecal.cli.search import predict_at_layout
-
-            return predict_at_layout(
+            result = Session(db).predict_layout(
                 run, layout, cluster=cluster, mode=resolved, micro_batches=micro_batches,
-                micro_batch_size=micro_batch_size, gpus_per_node=gpus_per_node, replay=replay, db=db,
+                micro_batch_size=micro_batch_size, gpus_per_node=gpus_per_node, replay=replay,
             )  # fmt: skip
+            render_layout(result, cluster if resolved == "predicted" else None)
+            return
         report = Session(db).predict_report(
             run, cluster=cluster, mode=resolved, scale=scale or [], iteration=iteration, replay=replay,
             gpus_per_node=gpus_per_node, attribute=attribute,
@@ -405,6 +406,7 @@ def _validate_published(report: ValidateReport, fmt: str, output: Path | None, f
     import polars as pl
 
     from tracecal.sources.gpumodeling25.validate import published
+
     results = report.decoded
     if report.published_attribution is not None:
         _published_attribution(report.published_attribution, fmt, output, figures)
@@ -499,13 +501,10 @@ def _validate_traced(
     from tracecal.predict.validate import error_table, times_table, to_markdown
 
     results, mode, cluster = report.traced, report.mode, report.cluster
-    if attribute:
-        from tracecal.predict.attribution import as_percent, component_attribution, percent_columns, run_attribution
+    if attribute and report.traced_attribution is not None:
+        from tracecal.predict.attribution import as_percent, percent_columns, run_attribution
 
-        per_rank = pl.concat(
-            [component_attribution(p).with_columns(pl.lit(r).alias("run_id")) for r, p in results],
-            how="diagonal_relaxed",
-        )
+        per_rank = report.traced_attribution
         table = _ordered_parts(as_percent(run_attribution(per_rank)))
         parts = percent_columns(table)
         if fmt == "csv":

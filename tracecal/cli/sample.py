@@ -12,7 +12,6 @@ from typing import Annotated, Any
 import typer
 
 from tracecal.cli.common import DbOption, progress_bar, render_rows, stdout, user_errors, warn
-from tracecal.config import Settings
 
 app = typer.Typer(
     help="Run microbenchmarks (GPU, or CPU where there is none) and store samples for a cluster.",
@@ -100,65 +99,50 @@ def compute(
 ) -> None:
     """Time compute operators over a grid or the shapes of a run, forward and backward, and store the
     samples. Resumable: points already stored for the cluster are skipped."""
+    from tracecal.api import Session
+
     with user_errors():
-        from collections import Counter
-
-        from tracecal.samplers.compute import ComputeSettings, pending, sample_compute
-        from tracecal.samplers.plan import compute_plan
-        from tracecal.sql.connection import open_database
-
-        settings = Settings.resolve(db)
-        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-            plan = compute_plan(
-                con, config=config, from_run=from_run, dtypes=dtype, families=family, parts=parts, part=part,
-                inference=inference, exact=exact,
-            )  # fmt: skip
-            if plan_only:
-                _print_plan(plan)
-                return
-            for (op, reason), count in sorted(plan.unmapped.items()):
-                warn(f"{from_run}: {count} distinct {op} call(s) not sampled: {reason}")
-            if plan.run is not None:
-                _print_coverage(plan.run)
-            points, source = plan.points, plan.source
-            defaults = ComputeSettings(cluster=cluster)
-            run = ComputeSettings(
-                cluster=cluster,
-                device=device,
-                warmup=defaults.warmup if warmup is None else warmup,
-                repeats=defaults.repeats if repeats is None else repeats,
-                source_file=source,
-                threads=threads if threads is not None else defaults.threads,
-                autograd=plan.autograd,
-                timing=timing,
-                passes=passes,
-                processes=processes,
+        session = Session(db)
+        plan = session.samples_plan(
+            config=config, from_run=from_run, dtypes=dtype, families=family, parts=parts, part=part,
+            inference=inference, exact=exact,
+        )  # fmt: skip
+        if plan_only:
+            _print_plan(plan)
+            return
+        for (op, reason), count in sorted(plan.unmapped.items()):
+            warn(f"{from_run}: {count} distinct {op} call(s) not sampled: {reason}")
+        if plan.run is not None:
+            _print_coverage(plan.run)
+        options = dict(
+            device=device, repeats=repeats, warmup=warmup, threads=threads, timing=timing, passes=passes,
+            processes=processes,
+        )  # fmt: skip
+        if dry_run:
+            counted = session.samples_measure_compute(cluster, plan, dry_run=True, **options)
+            render_rows(
+                f"{cluster}: {sum((counted.pending or {}).values())} points to sample ({plan.source})",
+                ["family", "direction", "points"],
+                [(f, d, n) for (f, d), n in (counted.pending or {}).items()],
             )
-            if dry_run:
-                todo = pending(con, points, run)
-                counts = Counter((p.family, p.direction) for p, _ in todo)
-                render_rows(
-                    f"{cluster}: {len(todo)} points to sample ({source})",
-                    ["family", "direction", "points"],
-                    [(f, d, n) for (f, d), n in sorted(counts.items())],
-                )
-                return
-            with progress_bar() as bar:
-                task = bar.add_task("sampling", total=None)
+            return
+        with progress_bar() as bar:
+            task = bar.add_task("sampling", total=None)
 
-                def progress(done: int, total: int, label: str) -> None:
-                    bar.update(task, completed=done, total=total, description=label)
+            def progress(done: int, total: int, label: str) -> None:
+                bar.update(task, completed=done, total=total, description=label)
 
-                report = sample_compute(con, points, run, progress=progress, extra_params=plan.params_for)
-            flags = _reflag(con, cluster) if report.written else {}
+            result = session.samples_measure_compute(cluster, plan, progress=progress, **options)
+        report = result.report
+        assert report is not None
         stdout.print(
             f"{cluster}: {report.planned} points, {report.already_stored} already stored, "
             f"{report.written} written, {len(report.skipped)} skipped in {report.seconds:.1f} s "
-            f"(device {device}, {passes} pass(es), {processes} process(es), database {settings.db_path})"
+            f"(device {device}, {passes} pass(es), {processes} process(es), database {session.db_path})"
         )
         if report.skipped:
             render_rows("skipped points", ["reason", "points"], sorted(report.skipped_reasons().items()))
-        _print_flags(cluster, flags)
+        _print_flags(cluster, result.flags)
 
 
 @app.command("comm")
@@ -187,41 +171,28 @@ def comm(
 ) -> None:
     """Time collectives and send/recv over a size sweep; the slowest rank's time is the sample. Spawns
     local gloo processes, or joins the process group when launched by torchrun (rank 0 writes)."""
+    from tracecal.api import Session
+    from tracecal.api.sampling import under_torchrun
+
     with user_errors():
-        import argparse
-
-        from tracecal.samplers import comm_launch as sampler
-        from tracecal.sql.connection import open_database
-        from tracecal.sql.samples import existing_sample_ids, write_samples
-
-        args = argparse.Namespace(
-            cluster=cluster, config=config, sizes=sizes, collectives=collectives,
-            dtype=dtype, repeats=repeats, warmup=warmup, groups=groups,
+        session = Session(db)
+        options = dict(
+            config=config, sizes=sizes, collectives=collectives, dtype=dtype, groups=groups, repeats=repeats,
+            warmup=warmup,
         )  # fmt: skip
-        settings = Settings.resolve(db)
-        if sampler.under_torchrun():
-            import torch
-
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
-            run = sampler.settings_from_args(args, backend == "nccl")
-            written = sampler.run_distributed(run, backend, settings.db_path, None)
-            if written is not None:
-                stdout.print(f"{cluster}: {written} comm samples written to {settings.db_path}")
+        if under_torchrun():
+            result = session.samples_measure_comm(cluster, **options)
+            if result.written is not None:
+                stdout.print(f"{cluster}: {result.written} comm samples written to {session.db_path}")
             return
-        run = sampler.settings_from_args(args, cuda=False)
-        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-            stored = frozenset(existing_sample_ids(con, cluster))
         with progress_bar() as bar:
             bar.add_task(f"{world_size} gloo ranks sampling", total=None)
-            table = sampler.spawn_local(run, world_size, stored)
-        with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-            written = write_samples(con, table, origin="comm sampler")
-            flags = _reflag(con, cluster) if written else {}
+            result = session.samples_measure_comm(cluster, world_size=world_size, **options)
         stdout.print(
-            f"{cluster}: {written} comm samples written ({world_size} gloo ranks on this host, "
-            f"{len(run.collectives)} collectives × {len(run.sizes_bytes)} sizes; database {settings.db_path})"
+            f"{cluster}: {result.written} comm samples written ({world_size} gloo ranks on this host, "
+            f"{result.collectives} collectives × {result.sizes} sizes; database {session.db_path})"
         )
-        _print_flags(cluster, flags)
+        _print_flags(cluster, result.flags)
 
 
 def _dims_text(dims: Any) -> str:
@@ -280,13 +251,6 @@ def _print_coverage(run: Any) -> None:
                 for (name, reason), ns in sorted(run.uncovered.items(), key=lambda kv: -kv[1])
             ],
         )
-
-
-def _reflag(con: Any, cluster: str) -> dict[str, int]:
-    """Judge the new samples together with the cluster's others (docs/samples.md#quality-flags)."""
-    from tracecal.samplers.quality import reflag_cluster
-
-    return reflag_cluster(con, cluster)
 
 
 def _print_flags(cluster: str, flags: dict[str, int]) -> None:

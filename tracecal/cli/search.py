@@ -9,58 +9,17 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from tracecal.cli.common import DbOption, render_rows, show_progress, stderr, stdout, user_errors, warn
-from tracecal.config import Settings, model_store_dir
 from tracecal.errors import PredictionError
 
 if TYPE_CHECKING:
-    import duckdb
-
     from tracecal.predict.relayout_run import LayoutPrediction
 
 SEARCH_FORMATS = ("table", "csv")
 
 
-def _model(con: duckdb.DuckDBPyConnection, db_path: Path, cluster: str | None, mode: str):
-    if mode != "predicted":
-        return None
-    if not cluster:
-        raise PredictionError("predicting a layout needs --cluster NAME (or --mode measured for the traced durations)")
-    from tracecal.predict.models import load_duration_model
-
-    return load_duration_model(con, model_store_dir(db_path), cluster)
-
-
-def predict_at_layout(
-    run: str,
-    layout_text: str | None,
-    *,
-    cluster: str | None,
-    mode: str,
-    micro_batches: int | None,
-    micro_batch_size: int | None,
-    gpus_per_node: int | None,
-    replay: str,
-    db: Path | None,
-) -> None:
-    """`tracecal predict RUN --layout ...`: rebuild, replay and print the summary (stores nothing)."""
-    from tracecal.predict.layouts import Layout, parse_layout
-    from tracecal.predict.relayout_run import predict_layout, run_layout
-    from tracecal.sql.connection import open_database
-
-    settings = Settings.resolve(db)
-    with open_database(settings.db_path, cache_dir=settings.cache_dir) as con:
-        if layout_text is None:  # --micro-batches/--micro-batch-size alone: the run's own PP, TP, DP
-            own = run_layout(con, run)
-            pp, tp, dp = own.pp, own.tp, own.dp
-        else:
-            pp, tp, dp = parse_layout(layout_text)
-        target = Layout(pp, tp, dp, micro_batches, micro_batch_size, gpus_per_node)
-        model = _model(con, settings.db_path, cluster, mode)
-        result = predict_layout(con, run, target, mode=mode, model=model, replay=replay)
-    render_layout(result, cluster if mode == "predicted" else None)
-
-
 def render_layout(result: LayoutPrediction, cluster: str | None) -> None:
+    """`tracecal predict RUN --layout ...`: the rebuilt layout's components, throughput and what no
+    model covered (``cluster``: whose models predicted; None for traced durations)."""
     lay = result.layout
     title = f"{result.run_id} at {lay.text} (PPxTPxDP), " + (
         f"cluster {cluster}'s models" if cluster else "traced durations"

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tracecal.cli.common import stderr, user_errors
-from tracecal.workload import WorkloadConfig, run_local
+from tracecal.workload.config import WorkloadConfig
 
 _D = WorkloadConfig()
 
@@ -51,6 +51,8 @@ def run(
     """Spawn pp*tp*dp ranks on this machine (gloo on CPU), train, and write one torch.profiler trace
     per rank (OUT/rank{R}.pt.trace.json.gz) plus OUT/run.json. On a cluster use
     `torchrun ... -m tracecal.workload` with the same options instead."""
+    from tracecal.api import Session
+
     with user_errors():
         cfg = WorkloadConfig(
             pp=pp,
@@ -77,7 +79,7 @@ def run(
         ).validate()
         if stderr.is_terminal:
             stderr.print(f"training {cfg.world_size} ranks (pp={pp} tp={tp} dp={dp}) into {out} ...")
-        result = run_local(cfg, out, force=force)
+        result = Session().workload_run(out, cfg, force=force)
     meta = result.run
     losses = meta["losses"]
     profiled = meta["profile"]["profiled_steps"]

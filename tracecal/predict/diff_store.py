@@ -31,7 +31,7 @@ def diff_predicted(con: duckdb.DuckDBPyConnection, run: str, model: DurationMode
     """
     if by not in dm.BY:
         raise PredictionError(f"unknown --by {by!r}; use one of {', '.join(dm.BY)}")
-    _, pred = predict_stored_run(con, run, mode="predicted", model=model, store=False)
+    _, pred = predict_stored_run(con, run, mode="predicted", model=model)
     if by == "component":
         return dm.diff(
             dm.component_side(f"{run} measured", pred.components, "measured_ns"),
@@ -48,7 +48,7 @@ def diff_predicted(con: duckdb.DuckDBPyConnection, run: str, model: DurationMode
 
 def _side(con: duckdb.DuckDBPyConnection, run: str, by: str) -> dm.Side:
     if by == "component":
-        _, pred = predict_stored_run(con, run, mode="measured", store=False)
+        _, pred = predict_stored_run(con, run, mode="measured")
         return dm.component_side(run, pred.components)
     stored = load_iteration(con, run)  # the run exists and has a best iteration, or says why not
     ops = query_frame(con, "diff_operator_time", [run])

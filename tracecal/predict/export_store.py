@@ -76,9 +76,7 @@ def export_run(
     if what != "measured":
         if model is None:
             raise PredictionError(f"--what {what} needs calibrated models: run `calibrate --cluster NAME` first")
-        stored, prediction = predict_stored_run(
-            con, run_id, mode="predicted", model=model, iteration=iteration, store=False
-        )
+        stored, prediction = predict_stored_run(con, run_id, mode="predicted", model=model, iteration=iteration)
         iteration = stored.iteration
     elif iteration is not None:
         _check_iteration(con, run_id, iteration)

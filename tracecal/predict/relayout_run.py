@@ -169,7 +169,7 @@ def predict_layout(
     with scratch_database(work_dir) as scratch:
         ingest_rebuilt_run(scratch, new_id, rebuilt, job)
         # one replay: the other one (``compare``) adds nothing a layout comparison reads
-        _, pred = predict_stored_run(scratch, new_id, mode=mode, model=model, store=False, replay=replay, compare=False)
+        _, pred = predict_stored_run(scratch, new_id, mode=mode, model=model, replay=replay, compare=False)
     return summarise(run_id, plan, pred, rebuilt.notes)
 
 
@@ -195,7 +195,7 @@ def _predict_workload_layout(
         cfg.pp, cfg.tp, cfg.dp, cfg.micro_batches, cfg.micro_batch_size
     ):  # fmt: skip
         # its own layout: the run as traced, the graph today's predict replays
-        _, pred = predict_stored_run(con, run_id, mode=mode, model=model, store=False, replay=replay, compare=False)
+        _, pred = predict_stored_run(con, run_id, mode=mode, model=model, replay=replay, compare=False)
         own = WorkloadRelayout(
             folder, cfg, source_layout(cfg), source_layout(cfg), [cfg.layers_per_stage] * cfg.pp, PARTITION_RULE,
             ["the run's own layout: its trace is replayed as traced"],
@@ -209,7 +209,7 @@ def _predict_workload_layout(
     ):
         plan = rebuild_workload_at(folder, target, Path(out) / new_id, step=best[0] if best else None, gpus=gpus)
         ingest_runs(scratch, [plan.out_dir], IngestOptions(run_id=new_id, workers=1))
-        _, pred = predict_stored_run(scratch, new_id, mode=mode, model=model, store=False, replay=replay, compare=False)
+        _, pred = predict_stored_run(scratch, new_id, mode=mode, model=model, replay=replay, compare=False)
     return summarise(run_id, plan, pred, plan.notes)
 
 

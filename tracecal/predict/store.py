@@ -194,18 +194,16 @@ def predict_stored_run(
     run_id: str,
     *,
     mode: str = "measured",
-    cluster: str | None = None,
     model: DurationModel | None = None,
     scale: Mapping[str, float] | None = None,
     iteration: int | None = None,
-    store: bool = True,
     replay: str = "fitted",
     compare: bool = True,
     gpus_per_node: int | None = None,
     fallback: Mapping[str, float] | None = None,
 ) -> tuple[StoredIteration, Prediction]:
-    """Load an iteration of a stored run, replay it (``replay``; with ``compare`` the other replay
-    too), and (``store``) replace its stored results with both replays' rows. ``gpus_per_node``
+    """Load an iteration of a stored run and replay it (``replay``; with ``compare`` the other replay
+    too); storing the result is the caller's step (``store_prediction``). ``gpus_per_node``
     places the ranks on nodes of that size (a what-if on another machine): each collective's topology
     follows. ``fallback``: family -> factor for operators no model covers (``durations.predicted``).
 
@@ -221,8 +219,6 @@ def predict_stored_run(
     prediction = predict_iteration(
         stored.inputs, mode=mode, model=model, scale=scale, replay=replay, compare=compare, fallback=fallback
     )
-    if store:
-        store_prediction(con, run_id, prediction, cluster=cluster)
     return stored, prediction
 
 

@@ -65,7 +65,6 @@ def validate_decoded_run(
     *,
     mode: str = "predicted",
     model: DurationModel | None = None,
-    cluster: str | None = None,
     scale: Mapping[str, float] | None = None,
 ) -> PublishedValidation:
     """Replay a decoded run and compare its module times with the published measurements.
@@ -74,7 +73,7 @@ def validate_decoded_run(
         RunNotFoundError, PredictionError: the run is missing, not decoded, or cannot be replayed.
     """
     meta = _metadata(con, run_id)
-    stored, pred = predict_stored_run(con, run_id, mode=mode, model=model, cluster=cluster, scale=scale)
+    stored, pred = predict_stored_run(con, run_id, mode=mode, model=model, scale=scale)
     times = module_times(module_members(con, run_id, stored.iteration), pred)
     ranks = traced_ranks(con, run_id)
     predicted = per_position(times, ranks, "predicted_us")

@@ -1,0 +1,160 @@
+"""The steps of `tracecal samples measure compute|comm`: plan the points, time them, store the samples
+and re-flag the cluster's samples together (docs/samples.md). `Session` methods call these."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tracecal.api.session import Session
+    from tracecal.samplers.compute import ComputeReport, ComputeSettings
+    from tracecal.samplers.plan import ComputePlan
+
+
+@dataclass(frozen=True)
+class ComputeSampling:
+    """What `samples measure compute` did. ``pending``: with ``dry_run``, the points left to time per
+    (family, direction), and ``report`` is None; ``flags``: the cluster's samples flagged per reason
+    after the new ones were written (empty when nothing was written)."""
+
+    plan: ComputePlan
+    settings: ComputeSettings
+    report: ComputeReport | None
+    pending: dict[tuple[str, str], int] | None
+    flags: dict[str, int]
+
+
+@dataclass(frozen=True)
+class CommSampling:
+    """What `samples measure comm` did: samples written (None on a torchrun rank other than 0, which
+    writes nothing), the gloo ranks spawned here (None under torchrun), the collectives and sizes
+    swept, and the cluster's samples flagged per reason afterwards."""
+
+    written: int | None
+    world_size: int | None
+    collectives: int
+    sizes: int
+    flags: dict[str, int]
+
+
+def compute_plan(
+    session: Session,
+    *,
+    config: str | None = None,
+    from_run: str | None = None,
+    dtypes: Sequence[str] | None = None,
+    families: Sequence[str] | None = None,
+    parts: int = 1,
+    part: int = 1,
+    inference: bool = False,
+    exact: bool = False,
+) -> ComputePlan:
+    """The points a grid (``config``: a YAML path or a shipped name) or an ingested run (``from_run``)
+    asks to time, with the run's coverage; nothing is timed."""
+    from tracecal.samplers.plan import compute_plan as plan_points
+
+    with session.connect() as con:
+        return plan_points(
+            con, config=config, from_run=from_run, dtypes=list(dtypes) if dtypes else None,
+            families=list(families) if families else None, parts=parts, part=part, inference=inference, exact=exact,
+        )  # fmt: skip
+
+
+def measure_compute(
+    session: Session,
+    cluster: str,
+    plan: ComputePlan,
+    *,
+    device: str = "cpu",
+    repeats: int | None = None,
+    warmup: int | None = None,
+    threads: int | None = None,
+    timing: str | None = None,
+    passes: int = 1,
+    processes: int = 1,
+    dry_run: bool = False,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> ComputeSampling:
+    """Time ``plan``'s points not yet stored for ``cluster``, store them and re-flag the cluster."""
+    from tracecal.samplers.compute import ComputeSettings, pending, sample_compute
+
+    defaults = ComputeSettings(cluster=cluster)
+    settings = ComputeSettings(
+        cluster=cluster,
+        device=device,
+        warmup=defaults.warmup if warmup is None else warmup,
+        repeats=defaults.repeats if repeats is None else repeats,
+        source_file=plan.source,
+        threads=threads if threads is not None else defaults.threads,
+        autograd=plan.autograd,
+        timing=timing,
+        passes=passes,
+        processes=processes,
+    )
+    with session.connect() as con:
+        if dry_run:
+            todo = pending(con, plan.points, settings)
+            counts = Counter((p.family, p.direction) for p, _ in todo)
+            return ComputeSampling(plan, settings, None, dict(sorted(counts.items())), {})
+        report = sample_compute(con, plan.points, settings, progress=progress, extra_params=plan.params_for)
+        flags = _reflag(con, cluster) if report.written else {}
+    return ComputeSampling(plan, settings, report, None, flags)
+
+
+def measure_comm(
+    session: Session,
+    cluster: str,
+    *,
+    world_size: int = 2,
+    config: str | None = None,
+    sizes: str | None = None,
+    collectives: str | None = None,
+    dtype: str | None = None,
+    groups: str | None = None,
+    repeats: int | None = None,
+    warmup: int | None = None,
+) -> CommSampling:
+    """Time collectives and send/recv over a size sweep: ``world_size`` local gloo processes, or, when
+    this process is a torchrun rank, the launcher's process group (rank 0 writes)."""
+    import argparse
+
+    from tracecal.samplers import comm_launch as sampler
+    from tracecal.sql.samples import existing_sample_ids, write_samples
+
+    args = argparse.Namespace(
+        cluster=cluster, config=config, sizes=sizes, collectives=collectives,
+        dtype=dtype, repeats=repeats, warmup=warmup, groups=groups,
+    )  # fmt: skip
+    if sampler.under_torchrun():
+        import torch
+
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        run = sampler.settings_from_args(args, backend == "nccl")
+        # a torchrun rank joins the launcher's group; rank 0 opens the database itself
+        written = sampler.run_distributed(run, backend, session.db_path, None)
+        return CommSampling(written, None, len(run.collectives), len(run.sizes_bytes), {})
+    run = sampler.settings_from_args(args, cuda=False)
+    with session.connect() as con:
+        stored = frozenset(existing_sample_ids(con, cluster))
+    table = sampler.spawn_local(run, world_size, stored)
+    with session.connect() as con:
+        written = write_samples(con, table, origin="comm sampler")
+        flags = _reflag(con, cluster) if written else {}
+    return CommSampling(written, world_size, len(run.collectives), len(run.sizes_bytes), flags)
+
+
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a torchrun launch (`measure_comm` then joins its group)."""
+    from tracecal.samplers.comm_launch import under_torchrun as launched
+
+    return launched()
+
+
+def _reflag(con: object, cluster: str) -> dict[str, int]:
+    """Judge the new samples together with the cluster's others (docs/samples.md#quality-flags)."""
+    from tracecal.samplers.quality import reflag_cluster
+
+    return dict(reflag_cluster(con, cluster))  # type: ignore[arg-type]
