@@ -92,6 +92,17 @@ def test_a_spill_holds_ts_statistics_so_a_time_range_reads_only_its_row_groups(t
     assert f"Row Groups Scanned: {overlapping} / {len(ranges)}" in plan
 
 
+def test_a_spill_dictionary_encodes_its_text_columns_only(tmp_path: Path, streamed: None) -> None:
+    """Ids and times are nearly all distinct: no dictionary is built for them (one would be dropped for
+    plain pages once full); names, kinds and shapes repeat and are dictionary pages."""
+    spilled = parse_kineto_file(SHARED[-1], tmp_path)
+    assert isinstance(spilled.events, EventsFile)
+    group = pq.ParquetFile(spilled.events.path).metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)}
+    assert all("RLE_DICTIONARY" in encodings[c] for c in ("kind", "name", "category"))
+    assert not any("RLE_DICTIONARY" in encodings[c] for c in ("event_id", "ts_ns", "correlation", "dur_ns"))
+
+
 def _write(path: Path, text: str) -> Path:
     path.write_text(text)
     return path

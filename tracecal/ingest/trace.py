@@ -12,11 +12,19 @@ from typing import Any
 
 import pyarrow as pa
 
-SHARD_PARQUET: dict[str, Any] = {"compression": "lz4", "write_statistics": ["ts_ns"]}
-"""How a rank's events are written to Parquet (a spill, a shard, one rank of a split file): lz4, and
+from tracecal.schema import EVENTS
+
+SHARD_PARQUET: dict[str, Any] = {
+    "compression": "lz4",
+    "write_statistics": ["ts_ns"],
+    "use_dictionary": [column.name for column in EVENTS.columns if column.sql_type == "VARCHAR"],
+}
+"""How a rank's events are written to Parquet (a spill, a shard, one rank of a split file): lz4;
 min/max statistics of ``ts_ns`` alone, so that a decode window's range read
 (``sql/queries/decode_window_events.sql``) skips the row groups outside it instead of scanning the
-whole shard once per window; the other columns' statistics would only cost time."""
+whole shard once per window (the other columns' statistics would only cost time); dictionary pages
+for the text columns alone, as the ids and times are nearly all distinct (a dictionary of them is
+built, then dropped for plain pages when it outgrows its page: work for nothing)."""
 
 
 @dataclass(frozen=True)
