@@ -23,7 +23,8 @@ from tracecal.calibrate import load
 from tracecal.config import model_store_dir
 from tracecal.predict import attribution as at
 from tracecal.predict.replay import replay
-from tracecal.predict.store import module_members
+from tracecal.sources.gpumodeling25.validate.attribution import published_attribution
+from tracecal.sources.gpumodeling25.validate.module_times import module_members
 from tracecal.sources.gpumodeling25.validate.published_runs import traced_ranks, validate_decoded_run
 from tracecal.sql.connection import open_database
 
@@ -52,7 +53,7 @@ def main() -> None:
                 replay(graph, columns[:, j], v.prediction.replay)
             t4 = time.perf_counter()
             members = module_members(con, run, v.stored.iteration)
-            at.published_attribution(v.prediction, members, traced_ranks(con, run), v.components, replays)
+            published_attribution(v.prediction, members, traced_ranks(con, run), v.components, replays)
             t5 = time.perf_counter()
             rows.append(
                 {

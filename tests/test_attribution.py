@@ -18,7 +18,9 @@ from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict import attribution as at
 from tracecal.predict.replay import replay
 from tracecal.predict.run import predict_iteration
-from tracecal.predict.store import load_iteration, module_members
+from tracecal.predict.store import load_iteration
+from tracecal.sources.gpumodeling25.validate.attribution import published_attribution
+from tracecal.sources.gpumodeling25.validate.module_times import module_members
 from tracecal.sources.gpumodeling25.validate.published_runs import traced_ranks, validate_decoded_run
 from tracecal.sql.connection import open_database
 
@@ -101,7 +103,7 @@ def test_published_cells_split_into_schedule_and_the_doubled_family(llemma_db: P
         doubled = validate_decoded_run(con, RUN, mode="scaled", scale={"gemm": 2.0})
         members = module_members(con, RUN, doubled.stored.iteration)
         cells = at.as_percent(
-            at.published_attribution(doubled.prediction, members, traced_ranks(con, RUN), doubled.components)
+            published_attribution(doubled.prediction, members, traced_ranks(con, RUN), doubled.components)
         )
     assert cells["component"].to_list() == doubled.components["component"].to_list()
     parts = at.percent_columns(cells)

@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tracecal.cli.main import app
-from tracecal.ingest.discover import decoded_job_dir
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.layouts import Layout, LayoutError, check_layout, parse_layout, partition, partition_rule
 from tracecal.predict.relayout import model_dims, model_facts, rebuild_at, relayout
@@ -25,6 +24,7 @@ from tracecal.predict.relayout_run import predict_layout
 from tracecal.predict.relayout_shapes import rewrite_dims, shape_map
 from tracecal.predict.store import predict_stored_run
 from tracecal.sources.gpumodeling25.read.decoded_run import read_decoded_run
+from tracecal.sources.gpumodeling25.read.folder import decoded_job_dir
 from tracecal.sources.gpumodeling25.read.neox_log import parse_neox_log
 from tracecal.sources.gpumodeling25.rebuild.reconstruct import RunShape
 from tracecal.sql.connection import open_database

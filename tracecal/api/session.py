@@ -918,8 +918,9 @@ def default_runs(con: duckdb.DuckDBPyConnection, cluster: str | None) -> list[st
 def _published_attribution(con: duckdb.DuckDBPyConnection, results: list[PublishedValidation]) -> list[pl.DataFrame]:
     """Each decoded run's Table 9 cells, their error split by the schedule and the op families, with the
     published error beside them."""
-    from tracecal.predict.attribution import as_percent, published_attribution
-    from tracecal.predict.store import module_members
+    from tracecal.predict.attribution import as_percent
+    from tracecal.sources.gpumodeling25.validate.attribution import published_attribution
+    from tracecal.sources.gpumodeling25.validate.module_times import module_members
     from tracecal.sources.gpumodeling25.validate.published_runs import traced_ranks
 
     frames = []

@@ -1,10 +1,12 @@
 """Finding a run's rank traces and what the run says about itself (see docs/discovery.md).
 
-A run is a directory. Trace files are found anywhere below it (flat, or nested per rank as
-``tensorboard_trace_handler`` writes them under GPT-NeoX/DeepSpeed). The rank of a file comes from
-the trace (``distributedInfo.rank``, known only after parsing) or from its path; the parallel layout
-from flags, the run name, a ``PP4_MP4_DP8_ZERO1`` sub-directory, a GPT-NeoX/Megatron log, a
-``run.json``, or the process groups recorded in the traces — the first that answers wins.
+A run is a directory. Rank files are found anywhere below it (flat, or nested per rank as
+``tensorboard_trace_handler`` writes them under GPT-NeoX/DeepSpeed); which files those are, and which
+folders are a run without rank files, the registered sources say (``tracecal.sources.registry``).
+The rank of a file comes from the trace (``distributedInfo.rank``, known only after parsing) or from
+its path; the parallel layout from flags, the run name, a ``PP4_MP4_DP8_ZERO1`` sub-directory, a
+GPT-NeoX/Megatron log, a ``run.json``, or the process groups recorded in the traces — the first that
+answers wins.
 """
 
 from __future__ import annotations
@@ -17,22 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracecal.errors import InputNotFoundError, RankConflictError, TraceFormatError
+from tracecal.sources.registry import Source, registered, source_of_file
 from tracecal.vocabulary import ParallelLayout
 
 if TYPE_CHECKING:
     from tracecal.ingest.trace import ParsedRank
-
-KINETO_SUFFIXES = (".json", ".json.gz")
-"""Kineto traces: ``*.json``, ``*.json.gz`` (including ``*.pt.trace.json[.gz]``)."""
-
-NSYS_SUFFIXES = (".sqlite", ".sqlite.gz", ".nsys-rep")
-"""Nsight Systems exports and reports, routed to the Nsight reader."""
-
-DECODED_FORMAT = "gpumodeling25"
-"""``runs.format`` of a decoded GPT-NeoX run folder (per-kernel tables and a log, no traces)."""
-
-NON_TRACE_JSON = frozenset({"run.json"})
-"""JSON files in a run directory that are metadata, not traces."""
 
 _RANK_IN_NAME = re.compile(r"(?:^|[^a-z0-9])(?:rank[-_]?|worker)(\d+)(?![0-9])", re.IGNORECASE)
 _RUN_NAME_LAYOUT = re.compile(r"^(?P<model>.+?)_(?P<pp>\d+)_(?P<tp>\d+)_(?P<dp>\d+)(?:_(?P<nodes>\d+)_(?P<gpn>\d+))?$")
@@ -67,13 +58,15 @@ class DiscoveredRun:
     run_dir: Path
     files: tuple[TraceFile, ...]
     layout: ParallelLayout = field(default_factory=ParallelLayout)
-    decoded_job: Path | None = None
-    """The job folder when the run is a decoded GPT-NeoX run (kernel tables, no traces)."""
+    folder: Path | None = None
+    """The folder a folder source reads the run from, when the run has no rank files."""
+    folder_format: str | None = None
+    """The name of that folder source."""
 
     @property
     def format(self) -> str:
-        if self.decoded_job is not None:
-            return DECODED_FORMAT
+        if self.folder_format is not None:
+            return self.folder_format
         formats = {f.format for f in self.files}
         return formats.pop() if len(formats) == 1 else "mixed"
 
@@ -92,34 +85,18 @@ class DiscoveredRun:
         return sum(f.size_bytes for f in self.files)
 
 
-def decoded_job_dir(path: Path) -> Path | None:
-    """The job folder of a decoded GPT-NeoX run at ``path`` (the folder itself or its first job
-    sub-folder holding a part of one), or None when ``path`` is not one. Any part of a decoded run
-    makes it one (rank folders 0/1/2 of ``*.csv`` kernel tables, ``best_batch_statistics/``,
-    ``best_batch/``, ``module_times_*.csv``), so that reading it can say which parts are missing
-    (``decoded_run.missing_parts``) instead of "no trace files"."""
-    if not path.is_dir():
-        return None
-    candidates = [path, *sorted(p for p in path.iterdir() if p.is_dir())]
-    return next((job for job in candidates if _holds_decoded_parts(job)), None)
-
-
-def _holds_decoded_parts(job: Path) -> bool:
-    return (
-        any((job / str(i)).is_dir() and any((job / str(i)).glob("*.csv")) for i in range(3))
-        or (job / "best_batch_statistics").is_dir()
-        or (job / "best_batch").is_dir()
-        or any(job.glob("module_times_*.csv"))
-    )
-
-
 def trace_format(path: Path) -> str | None:
-    """``kineto``, ``nsys`` or None (not a trace) from the file name."""
-    name = path.name.lower()
-    if name.endswith(NSYS_SUFFIXES):
-        return "nsys"
-    if name.endswith(KINETO_SUFFIXES) and name not in NON_TRACE_JSON:
-        return "kineto"
+    """The name of the source whose rank files ``path`` is named like, or None (not a rank file)."""
+    source = source_of_file(path)
+    return source.name if source is not None else None
+
+
+def run_folder(path: Path) -> tuple[Source, Path] | None:
+    """The first folder source that reads a run at ``path``, and the folder it reads, or None."""
+    for source in registered():
+        folder = source.run_folder(path)
+        if folder is not None:
+            return source, folder
     return None
 
 
@@ -138,10 +115,12 @@ def rank_from_path(path: Path, run_dir: Path) -> int | None:
 
 
 def discover_run(run_dir: Path, layout_flags: ParallelLayout | None = None) -> DiscoveredRun:
-    """Find the trace files of one run and the layout its flags, name, log or run.json give.
+    """Find the rank files of one run (or the folder a folder source reads it from) and the layout its
+    flags, name, log or run.json give.
 
     Raises:
-        InputNotFoundError: the path does not exist, is empty, or holds no trace files.
+        InputNotFoundError: the path does not exist, is empty, or holds no rank files and is no source's
+            run folder.
     """
     if not run_dir.exists():
         raise InputNotFoundError(f"{run_dir} does not exist; give a run directory of rank traces")
@@ -153,18 +132,24 @@ def discover_run(run_dir: Path, layout_flags: ParallelLayout | None = None) -> D
         files = _without_shadowed(sorted(p for p in run_dir.rglob("*") if p.is_file() and trace_format(p)), run_dir)
         if not files and not any(run_dir.iterdir()):
             raise InputNotFoundError(f"{run_dir} is empty; give a directory holding one trace per rank")
-        job = decoded_job_dir(run_dir) if not files else None
-        if job is not None:
-            return DiscoveredRun(run_dir=run_dir.resolve(), files=(), layout=run_layout(run_dir), decoded_job=job)
+        found = run_folder(run_dir) if not files else None
+        if found is not None:
+            source, folder = found
+            return DiscoveredRun(
+                run_dir=run_dir.resolve(),
+                files=(),
+                layout=run_layout(run_dir),
+                folder=folder,
+                folder_format=source.name,
+            )
     if not files:
-        raise InputNotFoundError(
-            f"no trace files in {run_dir} (looked for *.json, *.json.gz, *.pt.trace.json[.gz], "
-            "*.sqlite, *.sqlite.gz, *.nsys-rep)"
-        )
+        patterns = ", ".join(p for s in registered() for p in s.file_patterns)
+        folders = "; ".join(s.description for s in registered() if s.folder)
+        raise InputNotFoundError(f"no trace files in {run_dir} (looked for {patterns}; or a run folder: {folders})")
     traces = tuple(
         TraceFile(
             path=p.resolve(),
-            format=trace_format(p) or "",
+            format=_source(p).name,
             path_rank=rank_from_path(p, root),
             size_bytes=p.stat().st_size,
         )
@@ -174,18 +159,20 @@ def discover_run(run_dir: Path, layout_flags: ParallelLayout | None = None) -> D
 
 
 def _without_shadowed(files: list[Path], run_dir: Path) -> list[Path]:
-    """Drop files under hidden directories (the Nsight reader's ``.tracecal-nsys`` export cache) and
-    an ``X.nsys-rep`` whose export ``X.sqlite[.gz]`` sits beside it: both would be the same rank."""
+    """Drop files under hidden directories (a reader's cache, such as the Nsight reader's
+    ``.tracecal-nsys`` exports) and files their source says another file beside them stands for
+    (``Source.shadowed_by``: an ``X.nsys-rep`` whose export ``X.sqlite`` sits beside it)."""
     kept = [p for p in files if not any(part.startswith(".") for part in p.relative_to(run_dir).parts[:-1])]
-    names = {p.parent / p.name.lower() for p in kept}
-    return [
-        p
-        for p in kept
-        if not (
-            p.name.lower().endswith(".nsys-rep")
-            and {p.parent / (p.name.lower()[: -len(".nsys-rep")] + s) for s in (".sqlite", ".sqlite.gz")} & names
-        )
-    ]
+    beside: dict[Path, set[str]] = {}
+    for p in kept:
+        beside.setdefault(p.parent, set()).add(p.name.lower())
+    return [p for p in kept if not _source(p).is_shadowed(p, beside[p.parent])]
+
+
+def _source(path: Path) -> Source:
+    source = source_of_file(path)
+    assert source is not None  # the files were chosen by their source
+    return source
 
 
 def run_layout(run_dir: Path, flags: ParallelLayout | None = None) -> ParallelLayout:

@@ -22,6 +22,7 @@ from tracecal.errors import TracecalError, WorkerError
 from tracecal.ingest.discover import TraceFile
 from tracecal.ingest.shards import parse_for_loader
 from tracecal.ingest.trace import ParsedRank
+from tracecal.sources.registry import parser_modules
 
 OnError = Literal["raise", "skip"]
 
@@ -97,8 +98,10 @@ class InProcess:
         pass
 
 
-WARM_MODULES = ["tracecal.sources.kineto.parser", "tracecal.ingest.shards"]
-"""Imported once by the fork server, so each worker process starts with the parser loaded."""
+def warm_modules() -> list[str]:
+    """Imported once by the fork server, so each worker process starts with the parsers loaded: every
+    file source's parser (``tracecal.sources.registry``) and the shard writer."""
+    return [*parser_modules(), "tracecal.ingest.shards"]
 
 
 class ProcessPool:
@@ -115,7 +118,7 @@ class ProcessPool:
         method = "forkserver" if sys.platform.startswith("linux") else "spawn"
         context = multiprocessing.get_context(method)
         if method == "forkserver":
-            context.set_forkserver_preload(WARM_MODULES)
+            context.set_forkserver_preload(warm_modules())
         self._pool = concurrent.futures.ProcessPoolExecutor(
             self.capacity, mp_context=context, initializer=initializer, initargs=initargs
         )

@@ -1,7 +1,8 @@
 """What a parser hands over for one rank: its events as Arrow and the facts known about the rank.
 
-Both the Kineto parser (one rank per file) and the Nsight reader (one or several ranks per file)
-produce ``ParsedRank`` objects; everything after parsing is format-independent.
+Every file source (``tracecal.sources``: Kineto, one rank per file; Nsight, one or several) produces
+``ParsedRank`` objects, and a folder source (GPUModeling25 decoded runs) a ``FolderRun`` of them;
+everything after that is format-independent.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 
 from tracecal.schema import EVENTS
+from tracecal.vocabulary import ParallelLayout
 
 SHARD_PARQUET: dict[str, Any] = {
     "compression": "lz4",
@@ -82,3 +84,27 @@ class ParsedRank:
     process_groups: list[dict[str, Any]] = field(default_factory=list)
     metadata: dict[str, Any] = field(default_factory=dict)
     source_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class FilesRead:
+    """The files a folder source read for a run: paths, their bytes on disk, and the data rows of the
+    tables among them (the ingest summary's files, MB and rows, since such a run has no rank files)."""
+
+    paths: tuple[Path, ...]
+    bytes: int
+    table_rows: int
+
+
+@dataclass(frozen=True)
+class FolderRun:
+    """What a folder source hands over for a whole run (``tracecal.sources.registry.Source.read_folder``):
+    the ranks it rebuilt from the folder, the layout the folder states (with the run's metadata), what
+    it noticed while reading, and the files it read. Its ranks are all the run has: none is reported
+    missing.
+    """
+
+    ranks: list[ParsedRank]
+    layout: ParallelLayout
+    notes: list[str]
+    read: FilesRead

@@ -9,6 +9,10 @@ a directory made for the ingest and removed after it. The first files parse whil
 transaction opens. Each run is one DuckDB transaction: its old rows are deleted from every run table,
 the new ones inserted, decoding finished (``tracecal.pipeline.decode``: the cross-rank steps), and any
 failure rolls back so the database is unchanged. The statements are ``tracecal.sql.loaders``'s.
+
+Which files are a run's rank files, and whose reader parses them, the source registry says
+(``tracecal.sources.registry``); a run that is a folder of tables rather than rank files is rebuilt into
+ranks by its folder source (``FolderRun``) in this process. No format is named here.
 """
 
 from __future__ import annotations
@@ -42,13 +46,12 @@ from tracecal.ingest.discover import (
     world_size_of,
 )
 from tracecal.ingest.executors import FileExecutor, InProcess, OnError, Parsing, ProcessPool, Skipped
+from tracecal.ingest.parse import read_run_folder
 from tracecal.ingest.shards import count_kernels
-from tracecal.ingest.trace import EventsFile, ParsedRank
+from tracecal.ingest.trace import EventsFile, FolderRun, ParsedRank
 from tracecal.pipeline.decode import DecodeSummary, JustStored, RankParts, check_marker, decode_stored_run
 from tracecal.pipeline.rank_decode import DecodedRank, DecodePlan, parse_and_decode
 from tracecal.schema import RANKS, RUNS, arrow_schema
-from tracecal.sources.gpumodeling25.read.files import decoded_run_sources
-from tracecal.sources.gpumodeling25.rebuild.reconstruct import RebuiltRun, rebuild_run
 from tracecal.sql.loaders import (
     OneThreadForLargeInserts,
     delete_rank_operators,
@@ -115,9 +118,9 @@ class RunReport:
     warnings: tuple[str, ...] = ()
     """Parser warnings (``ParsedRank.metadata['warnings']``, e.g. an Nsight export without kernels), deduplicated."""
     files_read: int = 0
-    """Files read: the trace files parsed, or a decoded run's tables and log."""
+    """Files read: the rank files parsed, or those a folder source read (``FolderRun.read``)."""
     table_rows: int | None = None
-    """A decoded run's kernel and module-time table rows read (None for traces: their rows are ``events``)."""
+    """The table rows a folder source read (None for rank files: their rows are ``events``)."""
 
     @property
     def mb_per_s(self) -> float:
@@ -265,14 +268,14 @@ def _ingest_run(
     options: IngestOptions,
     executors: _Executors,
     progress: ProgressCallback | None,
-    rebuilt: RebuiltRun | None = None,
+    rebuilt: FolderRun | None = None,
 ) -> RunReport:
     started = time.perf_counter()
     check_marker(options.iteration_marker)  # before any worker decodes with it
     skipped: list[Skipped] = []
-    if rebuilt is None and run.decoded_job is not None:
-        try:
-            rebuilt = _rebuild(run)
+    if rebuilt is None and run.folder is not None:
+        try:  # a folder source rebuilds the whole run here; rank files are parsed by the workers below
+            rebuilt = read_run_folder(run.format, run.folder, run.layout)
         except TracecalError as exc:
             if options.on_error == "raise":
                 raise
@@ -351,7 +354,7 @@ def _ingest_run(
     finally:
         if isinstance(parsing, Parsing):
             parsing.close()  # after an error: the files not yet started are cancelled
-    read = decoded_run_sources(run.decoded_job) if run.decoded_job is not None else None
+    read = rebuilt.read if rebuilt is not None else None
     return RunReport(
         run_id=run_id,
         source_path=run.run_dir,
@@ -384,7 +387,7 @@ class _StoredRanks:
     """The ranks of one run stored so far: their ``ranks`` rows, the totals of the run, and the
     per-rank decode of the ranks a worker decoded (``decoded``: operators stored, parts kept).
 
-    Events given as tables (ranks rebuilt from a decoded run) wait in ``pending`` (run_id and rank
+    Events given as tables (ranks a folder source rebuilt) wait in ``pending`` (run_id and rank
     filled in) until ``INSERT_BATCH_ROWS`` rows of the same columns have accumulated; ``flush``
     inserts what waits.
     """
@@ -488,40 +491,29 @@ threads=INGEST_THREADS)``): its inserts from Arrow, and decode's, cost less CPU 
 connecting because changing it on an open connection has a cost in every run."""
 
 
-def ingest_rebuilt_run(
+def ingest_folder_run(
     con: duckdb.DuckDBPyConnection,
     run_id: str,
-    rebuilt: RebuiltRun,
-    job_dir: Path,
+    rebuilt: FolderRun,
+    format_name: str,
+    folder: Path,
     options: IngestOptions | None = None,
 ) -> RunReport:
-    """Store a decoded run already rebuilt by the caller (``reconstruct``, e.g. at another parallel
-    layout) as run ``run_id``, decoded like ``ingest_runs`` decodes a decoded run folder.
-
-    ``job_dir``: the decoded run's job folder (the ranks' source path)."""
-    rebuilt = replace(rebuilt, layout=replace(rebuilt.layout, metadata=rebuilt.metadata))
-    run = DiscoveredRun(run_dir=job_dir, files=(), layout=rebuilt.layout, decoded_job=job_dir)
+    """Store a run a folder source already rebuilt for the caller (e.g. a decoded run at another
+    parallel layout) as run ``run_id`` of format ``format_name``, decoded like ``ingest_runs`` decodes a
+    run folder it discovers. ``folder``: the folder it was read from (the ranks' source path)."""
+    run = DiscoveredRun(run_dir=folder, files=(), layout=rebuilt.layout, folder=folder, folder_format=format_name)
     options = options or IngestOptions()
     with _Executors(options, None) as executors:
         return _ingest_run(con, run_id, run, options, executors, None, rebuilt=rebuilt)
 
 
-def _rebuild(run: DiscoveredRun) -> RebuiltRun:
-    """A decoded GPT-NeoX run rebuilt as rank traces; kernel-table rows whose CPU operator did not
-    launch their kernel are found by decode's consistency rules."""
-    from tracecal.decode.consistency import misaligned_ops
-
-    assert run.decoded_job is not None
-    rebuilt = rebuild_run(run.decoded_job, name_layout=run.layout, misaligned=misaligned_ops)
-    return replace(rebuilt, layout=replace(rebuilt.layout, metadata=rebuilt.metadata))
-
-
-def _rebuilt_files(rebuilt: RebuiltRun) -> tuple[TraceFile, ...]:
-    """One pseudo trace file per rebuilt rank (the rank folder its tables came from)."""
+def _rebuilt_files(rebuilt: FolderRun) -> tuple[TraceFile, ...]:
+    """One pseudo trace file per rebuilt rank (the file or folder its source names for it)."""
     return tuple(TraceFile(path=r.file, format=r.format, path_rank=r.rank, size_bytes=0) for r in rebuilt.ranks)
 
 
-def _rebuilt_ranks(run: DiscoveredRun, rebuilt: RebuiltRun) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
+def _rebuilt_ranks(run: DiscoveredRun, rebuilt: FolderRun) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
     return zip(run.files, ([r] for r in rebuilt.ranks), strict=True)
 
 

@@ -1,7 +1,8 @@
 """Where a prediction's error comes from: the schedule's share and each op family's share (pure).
 
-For every component (per rank, or a published Table 9 cell) with measured time ``M``, predicted time
-``P`` (every duration from its model) and the same graph replayed three more ways:
+For every component (per rank, or a published Table 9 cell: ``gpumodeling25.validate.attribution``)
+with measured time ``M``, predicted time ``P`` (every duration from its model) and the same graph
+replayed three more ways:
 
 * ``R_measured``: every duration measured (the measured-mode replay);
 * ``R_f``: the durations of family ``f`` predicted, every other one measured, one replay per family;
@@ -27,8 +28,8 @@ topological rounds (``replay_many``): a (points × replays) time matrix instead 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -40,8 +41,6 @@ from tracecal.predict.edges import NO_TIME
 from tracecal.predict.graph import ReplayGraph
 from tracecal.predict.replay import edge_lags
 from tracecal.predict.run import Prediction
-from tracecal.sources.gpumodeling25.validate import published
-from tracecal.sources.gpumodeling25.validate.module_times import module_times, per_position
 
 SCHEDULE = "schedule"
 INTERACTION = "interaction"
@@ -148,7 +147,7 @@ def family_durations(prediction: Prediction, families: Sequence[str]) -> np.ndar
     return np.column_stack(columns)
 
 
-def _split(frame: pl.DataFrame, keys: list[str], families: Sequence[str]) -> pl.DataFrame:
+def split_error(frame: pl.DataFrame, keys: list[str], families: Sequence[str]) -> pl.DataFrame:
     """``frame`` (keys, measured_ns, predicted_ns, ``replay_measured_ns`` and ``replay_<f>_ns``: each
     replay's time of the component) -> keys, measured_ns, predicted_ns and one ``<part>_ns`` per part
     (``schedule_ns``, ``family_<f>_ns``, ``interaction_ns``), which add up to predicted − measured."""
@@ -202,7 +201,7 @@ def component_attribution(prediction: Prediction, replays: FamilyReplays | None 
             how="left",
             maintain_order="left",
         )
-    return _split(frame, keys, replays.families)
+    return split_error(frame, keys, replays.families)
 
 
 def run_attribution(per_rank: pl.DataFrame) -> pl.DataFrame:
@@ -220,65 +219,6 @@ def run_attribution(per_rank: pl.DataFrame) -> pl.DataFrame:
     )
     order = run_summary(per_rank.select(*keys, "rank", "measured_ns", "predicted_ns")).select(keys)
     return order.join(pl.concat([busy, slowest]), on=keys, how="left", maintain_order="left")
-
-
-# --- published Table 9 cells of a decoded run ---------------------------------------------------------
-
-
-def _position(component: published.Component, predicted: Mapping[str, Sequence[float]]) -> int | None:
-    """The stage a Table 9 cell reads our prediction at (the published selection rules applied to the
-    whole prediction), so that every replay is read at the same stage."""
-    values = list(predicted.get(component.predicted, []))
-    if component.pick == "head":
-        return 0 if values else None
-    if component.pick == "max":
-        by = list(predicted.get(component.pick_by or component.predicted, []))
-        found = [(v, i) for i, v in enumerate(by) if v]
-        return max(found, key=lambda vi: (vi[0], -vi[1]))[1] if found else None
-    chosen = published.second_largest(values)
-    return None if chosen is None else values.index(chosen)
-
-
-def published_attribution(
-    prediction: Prediction,
-    members: pl.DataFrame,
-    traced_ranks: list[int],
-    cells: pl.DataFrame,
-    replays: FamilyReplays | None = None,
-) -> pl.DataFrame:
-    """The published Table 9 cells of one decoded run (``cells``: ``published.component_errors`` rows of
-    ``prediction``), each error split like ``component_attribution``: run_id, component, measured_ns,
-    predicted_ns, error_pct, schedule_pct, ``family_<f>_pct``, interaction_pct, hand_edited.
-
-    ``members``: the run's module members (``store.module_members``); ``traced_ranks``: head, middle
-    and tail (``published_runs.traced_ranks``). Every replay is read at the stage the whole prediction
-    is scored at."""
-    replays = replays or family_replays(prediction)
-    full = per_position(module_times(members, prediction), traced_ranks, "predicted_us")
-    per_part = {
-        part: per_position(
-            module_times(members, replace(prediction, replayed=replays.replayed(part))), traced_ranks, "predicted_us"
-        )
-        for part in ["measured", *replays.families]
-    }
-    rows = []
-    for comp, cell in zip(published.COMPONENTS, cells.iter_rows(named=True), strict=True):
-        stage = _position(comp, full)
-        row = {
-            "run_id": cell["run_id"],
-            "component": comp.name,
-            "hand_edited": cell["hand_edited"],
-            "measured_ns": None if cell["measured_ms"] is None else cell["measured_ms"] * 1e6,
-            "predicted_ns": None if cell["predicted_ms"] is None else cell["predicted_ms"] * 1e6,
-        }
-        for part, times in per_part.items():
-            values = times.get(comp.predicted)
-            value = None if stage is None or not values else values[stage] * 1e3
-            row[f"replay_{part}_ns"] = value
-        rows.append(row)
-    frame = pl.DataFrame(rows, infer_schema_length=None)
-    keys = ["run_id", "component", "hand_edited"]
-    return _split(frame, keys, replays.families)
 
 
 def percent_columns(frame: pl.DataFrame) -> list[str]:

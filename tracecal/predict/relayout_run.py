@@ -22,7 +22,6 @@ import duckdb
 import polars as pl
 
 from tracecal.errors import PredictionError, RunNotFoundError
-from tracecal.ingest.discover import DECODED_FORMAT, decoded_job_dir
 from tracecal.predict.components import COMPONENTS
 from tracecal.predict.durations import DurationModel
 from tracecal.predict.layouts import Layout
@@ -30,6 +29,7 @@ from tracecal.predict.relayout import Relayout, rebuild_at
 from tracecal.predict.relayout_workload import RUN_JSON, WorkloadRelayout, read_config, rebuild_workload_at
 from tracecal.predict.run import Prediction, slack_report
 from tracecal.predict.store import predict_stored_run
+from tracecal.sources.gpumodeling25.read.folder import DECODED_FORMAT, decoded_job_dir
 
 COMPONENT_ORDER = (*COMPONENTS, "idle")
 """The components a re-layout reports, in the replay's priority order, idle last."""
@@ -158,7 +158,8 @@ def predict_layout(
         ``source_job`` and ``predict_iteration``.
     """
     from tracecal.decode.consistency import misaligned_ops
-    from tracecal.pipeline.ingest import ingest_rebuilt_run
+    from tracecal.pipeline.ingest import ingest_folder_run
+    from tracecal.sources.gpumodeling25.rebuild.load import as_folder_run
 
     folder = workload_run_dir(con, run_id)
     if folder is not None:
@@ -167,7 +168,7 @@ def predict_layout(
     rebuilt, plan = rebuild_at(job, target, misaligned=misaligned_ops, gpus=gpus)
     new_id = f"{run_id}@{plan.layout.text}"
     with scratch_database(work_dir) as scratch:
-        ingest_rebuilt_run(scratch, new_id, rebuilt, job)
+        ingest_folder_run(scratch, new_id, as_folder_run(rebuilt, job), DECODED_FORMAT, job)
         # one replay: the other one (``compare``) adds nothing a layout comparison reads
         _, pred = predict_stored_run(scratch, new_id, mode=mode, model=model, replay=replay, compare=False)
     return summarise(run_id, plan, pred, rebuilt.notes)

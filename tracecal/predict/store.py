@@ -182,13 +182,6 @@ def _with_replay(frame: pl.DataFrame) -> pl.DataFrame:
     return frame
 
 
-def module_members(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int) -> pl.DataFrame:
-    """The GPU activities of an iteration launched inside module frames (``module_scope_members``)."""
-    from tracecal.sources.gpumodeling25.validate.modules import ANY_MODULE
-
-    return query_frame(con, "module_scope_members", [run_id, iteration, ANY_MODULE])
-
-
 def predict_stored_run(
     con: duckdb.DuckDBPyConnection,
     run_id: str,

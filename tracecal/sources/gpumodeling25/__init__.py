@@ -10,3 +10,14 @@ Its sub-packages are layers, each importing only those below it (pyproject's imp
 * ``rebuild`` — one training iteration rebuilt as the rank traces DeepSpeed would write;
 * ``read`` — the run folder read: kernel tables, module times, the GPT-NeoX log.
 """
+
+from tracecal.sources.gpumodeling25.read.folder import DECODED_FORMAT
+from tracecal.sources.registry import Source
+
+SOURCE = Source(
+    name=DECODED_FORMAT,
+    description="a decoded GPT-NeoX run of the published GPUModeling25 decoder (kernel tables 0/ 1/ 2/, a *.log)",
+    folder="tracecal.sources.gpumodeling25.read.folder:decoded_job_dir",
+    read_folder="tracecal.sources.gpumodeling25.rebuild.load:read_folder",
+)
+"""The GPUModeling25 source (``tracecal.sources.registry``): a folder source, rebuilt in the loading process."""

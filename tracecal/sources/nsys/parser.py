@@ -48,11 +48,13 @@ from tracecal.sources.nsys.payload import nccl_ranks
 EVENTS_SCHEMA = arrow_schema(EVENTS)
 
 
-def parse_nsys_file(path: Path) -> list[ParsedRank]:
+def parse_nsys_file(path: Path, spill_dir: Path | None = None) -> list[ParsedRank]:
     """Parse one Nsight Systems export into one ``ParsedRank`` per rank it holds.
 
     Args:
         path: ``*.sqlite``, ``*.sqlite.gz`` or ``*.nsys-rep``.
+        spill_dir: unused (the reader's signature in ``tracecal.sources.registry``): an export's ranks
+            are read from SQLite into memory whole.
 
     Returns:
         Ranks in ordinal order; each ``events`` table conforms to ``schema.EVENTS`` with ``run_id``

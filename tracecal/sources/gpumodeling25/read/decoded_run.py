@@ -28,8 +28,8 @@ from pathlib import Path
 import polars as pl
 
 from tracecal.errors import InputNotFoundError, TraceFormatError
-from tracecal.ingest.discover import decoded_job_dir
 from tracecal.ingest.input_dims import is_dims_text
+from tracecal.sources.gpumodeling25.read.folder import decoded_job_dir
 from tracecal.sources.gpumodeling25.read.neox_log import NeoxLog, parse_neox_log
 from tracecal.sources.gpumodeling25.read.tables import read_compares, read_module_times
 

@@ -7,9 +7,9 @@ folder, their size, and the data rows of their CSV tables.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from tracecal.ingest.trace import FilesRead
 from tracecal.sources.gpumodeling25.read.decoded_run import BEST_BATCH_TABLES, POSITIONS, RUN_TABLES
 
 _PATTERNS = (
@@ -23,16 +23,7 @@ _PATTERNS = (
 """The decoded-run layout, relative to the job folder (a rank folder may hold best-iteration tables)."""
 
 
-@dataclass(frozen=True)
-class SourceFiles:
-    """Files read for a run: paths, their bytes on disk, and the data rows of the CSV tables among them."""
-
-    paths: tuple[Path, ...]
-    bytes: int
-    table_rows: int
-
-
-def decoded_run_sources(job_dir: Path) -> SourceFiles:
+def decoded_run_sources(job_dir: Path) -> FilesRead:
     """The files of a decoded run's job folder that ingest reads (those of the layout present)."""
     paths = sorted({p for pattern in _PATTERNS for p in job_dir.glob(pattern) if p.is_file()})
     rows = 0
@@ -40,4 +31,4 @@ def decoded_run_sources(job_dir: Path) -> SourceFiles:
         if path.suffix == ".csv":
             with path.open("rb") as f:
                 rows += max(0, sum(1 for line in f if line.strip()) - 1)  # less the header
-    return SourceFiles(tuple(paths), sum(p.stat().st_size for p in paths), rows)
+    return FilesRead(tuple(paths), sum(p.stat().st_size for p in paths), rows)

@@ -10,7 +10,7 @@ and hold-out error per op (``published_errors``).
 
 Every CSV row becomes one sample per direction (fwd from ``F_dur``, bwd from ``B_dur``; a single
 ``dur`` is stored as fwd). ``op`` is the published name, ``family`` and the shape features come from
-``gpumodeling25_ops``, ``source = 'imported:gpumodeling25'``, ``source_file`` the file name,
+``ops``, ``source = 'imported:gpumodeling25'``, ``source_file`` the file name,
 ``params_json`` the CSV row, ``device_name`` the file name's GPU. The published value is the mean of
 the 3rd–7th fastest of 10 profiled iterations (the published sampler's rule), stored as ``median_ns``;
 ``min_ns``, ``iqr_ns`` and ``repeats`` are unknown and stay NULL. Comm samples: ``size_bytes`` per

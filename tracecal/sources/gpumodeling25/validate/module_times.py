@@ -1,4 +1,4 @@
-"""Measured and replayed module times: the GPU span of each module occurrence, averaged per rank (pure).
+"""Measured and replayed module times: the GPU span of each module occurrence, averaged per rank.
 
 A module occurrence is a CPU frame and the GPU activities launched inside it (``module_scope_members``
 query, ``modules``). Its time is last end minus first start of those activities, on
@@ -8,10 +8,17 @@ the published measurements define it.
 
 from __future__ import annotations
 
+import duckdb
 import polars as pl
 
 from tracecal.predict.run import Prediction
-from tracecal.sources.gpumodeling25.validate.modules import module_of
+from tracecal.sources.gpumodeling25.validate.modules import ANY_MODULE, module_of
+from tracecal.sql.query_files import query_frame
+
+
+def module_members(con: duckdb.DuckDBPyConnection, run_id: str, iteration: int) -> pl.DataFrame:
+    """The GPU activities of an iteration launched inside module frames (``module_scope_members``)."""
+    return query_frame(con, "module_scope_members", [run_id, iteration, ANY_MODULE])
 
 
 def module_times(members: pl.DataFrame, prediction: Prediction) -> pl.DataFrame:

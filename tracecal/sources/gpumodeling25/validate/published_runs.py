@@ -17,12 +17,12 @@ import duckdb
 import polars as pl
 
 from tracecal.errors import PredictionError
-from tracecal.ingest.discover import DECODED_FORMAT
 from tracecal.predict.components import error_pct_expr
 from tracecal.predict.durations import DurationModel
 from tracecal.predict.run import Prediction
-from tracecal.predict.store import StoredIteration, module_members, predict_stored_run
-from tracecal.sources.gpumodeling25.validate.module_times import module_times, per_position
+from tracecal.predict.store import StoredIteration, predict_stored_run
+from tracecal.sources.gpumodeling25.read.folder import DECODED_FORMAT
+from tracecal.sources.gpumodeling25.validate.module_times import module_members, module_times, per_position
 from tracecal.sources.gpumodeling25.validate.published import component_errors, stage_comparison
 
 
