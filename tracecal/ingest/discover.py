@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tracecal.errors import InputNotFoundError, RankConflictError, TraceFormatError
-from tracecal.sources.registry import Source, registered, source_of_file
+from tracecal.sources.registry import Source, rank_file_patterns, registered, source_of_file
 from tracecal.vocabulary import ParallelLayout
 
 if TYPE_CHECKING:
@@ -143,7 +143,7 @@ def discover_run(run_dir: Path, layout_flags: ParallelLayout | None = None) -> D
                 folder_format=source.name,
             )
     if not files:
-        patterns = ", ".join(p for s in registered() for p in s.file_patterns)
+        patterns = ", ".join(rank_file_patterns())
         folders = "; ".join(s.description for s in registered() if s.folder)
         raise InputNotFoundError(f"no trace files in {run_dir} (looked for {patterns}; or a run folder: {folders})")
     traces = tuple(
