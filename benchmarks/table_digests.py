@@ -7,8 +7,8 @@ refactor leaves the stored rows unchanged.
 Each input is ingested with ``trace-ingest -j1`` into its own fresh database (in a temporary
 directory), then every base table and view is reduced to its row count and an order-independent
 digest: DuckDB's ``hash`` of each whole row, XOR-ed and summed over the rows. Columns that record the
-moment or cost of an ingest (``VOLATILE``), and the schema fingerprint (``BUILD_ROWS``), are left out. ``--compare`` prints each table whose digest
-moved and exits 1 if any did.
+moment or cost of an ingest (``VOLATILE``) and the schema fingerprint (``BUILD_ROWS``) are left out.
+``--compare`` prints each table whose digest moved and exits 1 if any did.
 """
 
 from __future__ import annotations
