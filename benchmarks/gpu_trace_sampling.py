@@ -35,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from tracecal.api import Session
 from tracecal.calibrate import load
 from tracecal.calibrate.in_trace import in_trace_report, traced_rows
 from tracecal.config import model_store_dir
@@ -80,7 +81,7 @@ def prepare(db: Path) -> None:
          "--db", str(db)],
         check=True, stdout=subprocess.DEVNULL,
     )  # fmt: skip
-    tracecal.open(db).calibrate(CLUSTER)
+    Session(db).calibrate(CLUSTER)
 
 
 def coverage(con: object) -> None:

@@ -261,7 +261,7 @@ def prepare_workload(db: Path, runs: list[Path]) -> None:
     this machine, calibrate the ``local`` cluster (steps already done are skipped)."""
     import duckdb
 
-    import tracecal
+    from tracecal.api import Session
     from tracecal.pipeline.ingest import IngestOptions, ingest_runs
     from tracecal.samplers.compute import sample_compute
     from tracecal.samplers.from_run import run_points
@@ -297,7 +297,7 @@ def prepare_workload(db: Path, runs: list[Path]) -> None:
         "--sizes", "4K,16K,64K,256K,1M,4M,16M", "--collectives", "all_reduce,send", "--repeats", "10",
         db=db)  # fmt: skip
     print(f"sampled gloo collectives in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
-    tracecal.open(db).calibrate(LOCAL, folds=2)
+    Session(db).calibrate(LOCAL, folds=2)
 
 
 def evaluate_workload(db: Path, run_ids: list[str]) -> pl.DataFrame:

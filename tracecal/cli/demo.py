@@ -10,6 +10,7 @@ own database. ``--device cuda`` runs the same loop on GPUs; ``benchmarks/gpu_che
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -84,7 +85,7 @@ def demo(
         def on_start(stage: DemoStage) -> None:
             stdout.print(f"[bold][{stage.index}/{len(STAGES)}] {stage.name}[/]: {stage.what}", highlight=False)
             if stage.name in PROGRESS_STAGES:
-                bar = bars.enter_context(progress_bar())
+                bar: Any = bars.enter_context(progress_bar())
                 tasks[stage.name] = (bar, bar.add_task(stage.name, total=None))
 
         def progress(stage: str, done: int, total: int, label: str) -> None:
@@ -235,7 +236,7 @@ def _print_headline(h: Headline) -> None:
     )
 
 
-RENDER = {
+RENDER: dict[str, Callable[[Any], None]] = {
     "workload": _trained,
     "ingest": _ingested,
     "sample": _sampled,

@@ -114,7 +114,7 @@ def compute(
             warn(f"{from_run}: {count} distinct {op} call(s) not sampled: {reason}")
         if plan.run is not None:
             _print_coverage(plan.run)
-        options = dict(
+        options: dict[str, Any] = dict(
             device=device, repeats=repeats, warmup=warmup, threads=threads, timing=timing, passes=passes,
             processes=processes,
         )  # fmt: skip
@@ -176,7 +176,7 @@ def comm(
 
     with user_errors():
         session = Session(db)
-        options = dict(
+        options: dict[str, Any] = dict(
             config=config, sizes=sizes, collectives=collectives, dtype=dtype, groups=groups, repeats=repeats,
             warmup=warmup,
         )  # fmt: skip
