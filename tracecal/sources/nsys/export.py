@@ -34,8 +34,6 @@ from tracecal.errors import InputNotFoundError, TraceFormatError
 SQLITE_MAGIC = b"SQLite format 3\x00"
 SUPPORTED_SCHEMA_MAJOR = 3
 CACHE_DIR_NAME = ".tracecal-nsys"
-NSYS_SUFFIXES = (".sqlite", ".sqlite.gz", ".nsys-rep")
-"""File name endings this module opens (discovery recognises the same)."""
 
 
 @dataclass
@@ -68,12 +66,6 @@ class Export:
             return []
         # Table names come from sqlite_master (checked membership above), never from the user.
         return [row[1] for row in self.con.execute(f'PRAGMA table_info("{table}")')]
-
-
-def is_nsys_path(path: Path) -> bool:
-    """True when the file name ends in one of ``NSYS_SUFFIXES``."""
-    name = path.name.lower()
-    return name.endswith(NSYS_SUFFIXES)
 
 
 def export_command(rep: Path, output: Path, *, blobs: bool = True) -> list[str]:
