@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -41,6 +42,30 @@ def db_path(tmp_path: Path) -> Path:
 def template_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One cache directory for the whole session (the empty-database template is built once)."""
     return tmp_path_factory.mktemp("tracecal-cache")
+
+
+@pytest.fixture(scope="session")
+def ingested_copy(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``ingested_copy(*runs, cluster=None)`` -> a new database holding ``runs``, ingested (one worker)
+    once per session and copied for each caller: a module that writes predictions or more runs into
+    its copy cannot change another's, and no run is ingested twice."""
+    from tracecal.pipeline.ingest import IngestOptions, ingest_runs
+    from tracecal.sql.connection import open_database
+
+    made: dict[tuple[tuple[Path, ...], str | None], Path] = {}
+
+    def copy(*runs: Path, cluster: str | None = None) -> Path:
+        key = (runs, cluster)
+        if key not in made:
+            db = tmp_path_factory.mktemp("ingested") / "ingested.duckdb"
+            with open_database(db) as con:
+                ingest_runs(con, list(runs), IngestOptions(cluster=cluster, workers=1))
+            made[key] = db
+        target = tmp_path_factory.mktemp("ingested_copy") / f"{runs[0].name}.duckdb"
+        shutil.copyfile(made[key], target)
+        return target
+
+    return copy
 
 
 @pytest.fixture(autouse=True)

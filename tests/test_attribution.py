@@ -4,6 +4,7 @@ must carry the measured replay's error, and the parts must add up to the error."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,6 @@ from typer.testing import CliRunner
 from tests.conftest import GPUMODELING25
 from tracecal.cli.main import app
 from tracecal.errors import PredictionError
-from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict import attribution as at
 from tracecal.predict.replay import replay
 from tracecal.predict.run import predict_iteration
@@ -30,11 +30,8 @@ runner = CliRunner(env={"COLUMNS": "200"})
 
 
 @pytest.fixture(scope="module")
-def llemma_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("attribution") / "llemma.duckdb"
-    with open_database(path) as con:
-        ingest_runs(con, [LLEMMA], IngestOptions(cluster="perlmutter", workers=1))
-    return path
+def llemma_db(ingested_copy: Callable[..., Path]) -> Path:
+    return ingested_copy(LLEMMA, cluster="perlmutter")
 
 
 @pytest.fixture(scope="module")

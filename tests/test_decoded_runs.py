@@ -7,6 +7,7 @@ import csv
 import json
 import shutil
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -53,12 +54,9 @@ def test_schedule_is_one_forward_one_backward(stages: int, micro_batches: int) -
 
 
 @pytest.fixture(scope="module")
-def llemma_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("decoded") / "llemma.duckdb"
-    with open_database(path) as con:
-        report = ingest_runs(con, [LLEMMA], IngestOptions(cluster="perlmutter", workers=1))
-    assert report.runs[0].format == "gpumodeling25"
-    return path
+def llemma_db(ingested_copy: Callable[..., Path]) -> Path:
+    """The Llemma run ingested for perlmutter (its format, read from the runs table: test_layout_comes_from_the_log)."""
+    return ingested_copy(LLEMMA, cluster="perlmutter")
 
 
 def test_layout_comes_from_the_log(llemma_db: Path) -> None:

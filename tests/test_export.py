@@ -92,10 +92,8 @@ def _spans(doc: dict[str, Any]) -> pl.DataFrame:
 
 
 @pytest.fixture(scope="module")
-def dlrm_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("export") / "dlrm.duckdb"
-    _ingest(db, DLRM)
-    return db
+def dlrm_db(ingested_copy: Callable[..., Path]) -> Path:
+    return ingested_copy(DLRM)
 
 
 def test_dlrm_round_trip_gives_back_operators_collectives_iterations(dlrm_db: Path, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -27,12 +28,10 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+def exported(tmp_path_factory: pytest.TempPathFactory, ingested_copy: Callable[..., Path]) -> tuple[Path, Path]:
     """A database holding dlrm_8rank, and its ``tracecal export`` as one file (every rank a process)."""
-    parent = tmp_path_factory.mktemp("multi")
-    db = parent / "db.duckdb"
-    _ingest(db, DLRM)
-    out = parent / "dlrm_export.json.gz"
+    db = ingested_copy(DLRM)
+    out = tmp_path_factory.mktemp("multi") / "dlrm_export.json.gz"
     result = runner.invoke(app, ["export", "dlrm_8rank", "--db", str(db), "-o", str(out)])
     assert result.exit_code == 0, result.output
     return db, out

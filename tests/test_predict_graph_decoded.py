@@ -4,6 +4,7 @@ iteration holds, and the CPU program whose synchronizations let the dependency g
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,6 @@ import pytest
 
 from tests.conftest import GPUMODELING25
 from tracecal.decode.consistency import misaligned_ops
-from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.run import predict_iteration, slack_report
 from tracecal.predict.store import load_iteration
 from tracecal.sources.gpumodeling25.rebuild.pipeline_schedule import stage_instructions
@@ -76,11 +76,8 @@ def test_every_stage_of_a_rebuilt_run_spans_its_train_batch() -> None:
 
 
 @pytest.fixture(scope="module")
-def llemma_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("decoded") / "llemma.duckdb"
-    with open_database(path) as con:
-        ingest_runs(con, [RUNS / "llemma_7B_4_2_2_4_4"], IngestOptions(cluster="perlmutter", workers=1))
-    return path
+def llemma_db(ingested_copy: Callable[..., Path]) -> Path:
+    return ingested_copy(RUNS / "llemma_7B_4_2_2_4_4", cluster="perlmutter")
 
 
 @pytest.mark.slow

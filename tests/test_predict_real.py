@@ -7,6 +7,7 @@ real data (a cycle, a dropped operator, a misplaced span).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +27,8 @@ DLRM = KINETO / "dlrm_8rank"
 
 
 @pytest.fixture(scope="module")
-def dlrm_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("dlrm") / "dlrm.duckdb"
-    with open_database(db) as con:
-        ingest_runs(con, [DLRM], IngestOptions(workers=1))
-    return db
+def dlrm_db(ingested_copy: Callable[..., Path]) -> Path:
+    return ingested_copy(DLRM)
 
 
 def _assert_fidelity(prediction, measured_iteration: pl.DataFrame) -> None:

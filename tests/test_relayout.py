@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,6 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tracecal.cli.main import app
-from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.layouts import Layout, LayoutError, check_layout, parse_layout, partition, partition_rule
 from tracecal.predict.relayout import model_dims, model_facts, rebuild_at, relayout
 from tracecal.predict.relayout_run import predict_layout
@@ -151,11 +151,8 @@ def test_rebuilt_stages_collectives_and_groups() -> None:
 
 
 @pytest.fixture(scope="module")
-def llemma_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("relayout") / "llemma.duckdb"
-    with open_database(path) as con:
-        ingest_runs(con, [LLEMMA], IngestOptions(cluster="perlmutter", workers=1))
-    return path
+def llemma_db(ingested_copy: Callable[..., Path]) -> Path:
+    return ingested_copy(LLEMMA, cluster="perlmutter")
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ that scale what the target cluster has no model for, what stays measured, and "c
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
@@ -14,7 +15,6 @@ from typer.testing import CliRunner
 from tests.conftest import GPUMODELING25, KINETO, SHARED_DATA
 from tracecal.cli.main import app
 from tracecal.decode.topology import group_topology
-from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.predict.durations import measured_share
 from tracecal.predict.run import predict_iteration
 from tracecal.predict.store import load_iteration
@@ -134,11 +134,8 @@ class _GemmOnly:
 
 
 @pytest.fixture(scope="module")
-def dlrm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    db = tmp_path_factory.mktemp("dlrm_what_if") / "dlrm.duckdb"
-    with open_database(db) as con:
-        ingest_runs(con, [DLRM], IngestOptions(workers=1))
-    return db
+def dlrm(ingested_copy: Callable[..., Path]) -> Path:
+    return ingested_copy(DLRM)
 
 
 def test_uncovered_operators_take_the_ratio_and_the_rest_is_named(dlrm: Path) -> None:
