@@ -1,10 +1,11 @@
-"""The steps of `tracecal samples measure compute|comm`: plan the points, time them, store the samples
-and re-flag the cluster's samples together (docs/samples.md). `Session` methods call these."""
+"""The steps of `tracecal samples measure compute|comm`: time the points of a plan (`Session.samples_plan`)
+or a size sweep, store the samples and re-flag the cluster's samples together (docs/samples.md).
+`Session` methods call these."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -38,29 +39,6 @@ class CommSampling:
     collectives: int
     sizes: int
     flags: dict[str, int]
-
-
-def compute_plan(
-    session: Session,
-    *,
-    config: str | None = None,
-    from_run: str | None = None,
-    dtypes: Sequence[str] | None = None,
-    families: Sequence[str] | None = None,
-    parts: int = 1,
-    part: int = 1,
-    inference: bool = False,
-    exact: bool = False,
-) -> ComputePlan:
-    """The points a grid (``config``: a YAML path or a shipped name) or an ingested run (``from_run``)
-    asks to time, with the run's coverage; nothing is timed."""
-    from tracecal.samplers.plan import compute_plan as plan_points
-
-    with session.connect() as con:
-        return plan_points(
-            con, config=config, from_run=from_run, dtypes=list(dtypes) if dtypes else None,
-            families=list(families) if families else None, parts=parts, part=part, inference=inference, exact=exact,
-        )  # fmt: skip
 
 
 def measure_compute(

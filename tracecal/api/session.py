@@ -642,12 +642,13 @@ class Session:
         """`tracecal samples measure compute --plan`: the points of a grid (``config``) or of an ingested
         run's traced calls and their neighbours (``from_run``; ``exact``: the traced calls alone), with
         the share of the run's operator time they cover. Times nothing."""
-        from tracecal.api.sampling import compute_plan
+        from tracecal.samplers.plan import compute_plan
 
-        return compute_plan(
-            self, config=config, from_run=from_run, dtypes=dtypes, families=families, parts=parts, part=part,
-            inference=inference, exact=exact,
-        )  # fmt: skip
+        with self.connect() as con:
+            return compute_plan(
+                con, config=config, from_run=from_run, dtypes=dtypes, families=families, parts=parts, part=part,
+                inference=inference, exact=exact,
+            )  # fmt: skip
 
     def samples_measure_compute(
         self,
