@@ -217,7 +217,10 @@ class StoredModel:
         if self._training is None:
             path = self.directory / "training.parquet"
             if not path.is_file():
-                raise CalibrationError(f"model artifact {self.directory} lacks training.parquet; recalibrate")
+                raise CalibrationError(
+                    f"model artifact {self.directory} lacks training.parquet; "
+                    f"re-run `calibrate --cluster {self.meta['cluster']}`"
+                )
             content = path.read_bytes()
             training = pl.read_parquet(io.BytesIO(content))
             # artifacts written before the file hash was stored: the ids-and-durations fingerprint
@@ -267,7 +270,10 @@ class StoredModel:
         """The saved booster (``booster.ubj``), checked against the hash stored at calibration."""
         path = self.directory / "booster.ubj"
         if not path.is_file():
-            raise CalibrationError(f"model artifact {self.directory} lacks booster.ubj; recalibrate")
+            raise CalibrationError(
+                f"model artifact {self.directory} lacks booster.ubj; "
+                f"re-run `calibrate --cluster {self.meta['cluster']}`"
+            )
         expected = self.meta.get("booster_sha256")
         if expected is not None and hashlib.sha256(path.read_bytes()).hexdigest() != expected:
             raise CalibrationError(
