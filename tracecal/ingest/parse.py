@@ -7,7 +7,7 @@ from pathlib import Path
 
 from tracecal.errors import TraceFormatError
 from tracecal.ingest.trace import FolderRun, ParsedRank
-from tracecal.sources.registry import load, registered, source_named, source_of_file
+from tracecal.sources.registry import load, rank_file_patterns, source_named, source_of_file
 from tracecal.vocabulary import ParallelLayout
 
 
@@ -26,7 +26,7 @@ def parse_trace_file(path: Path, spill_dir: Path | None = None) -> list[ParsedRa
     """
     source = source_of_file(path)
     if source is None or source.parse is None:
-        expected = ", ".join(f"*{suffix}" for s in registered() for suffix in s.suffixes)
+        expected = ", ".join(rank_file_patterns())
         raise TraceFormatError(f"{path}: not a trace file tracecal reads (expected {expected})")
     ranks: list[ParsedRank] = load(source.parse)(path, spill_dir)
     return ranks
