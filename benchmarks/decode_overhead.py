@@ -64,14 +64,26 @@ def _ingest(run: Path, workers: int, decode: bool, cold: bool = False) -> tuple[
 
 
 def _prepare_parsing_process() -> None:
-    """What trace-ingest does before it parses: keep pandas out of pyarrow (a ``--baseline`` tree
-    older than ``tracecal.ingest.no_pandas`` preloaded pandas instead, so that is done for it)."""
+    """Before a child's timed ingest: a ``--baseline`` tree with ``tracecal.ingest.no_pandas`` keeps
+    pandas out of pyarrow, as its trace-ingest did; any other tree (this one too: no_pandas is gone)
+    gets pandas imported here, so that pyarrow's first probe for it (on its first ``pa.array``) is an
+    import, kept out of the timing like the others."""
     try:
         from tracecal.ingest.no_pandas import keep_pandas_out_of_pyarrow
     except ImportError:
         importlib.import_module("pandas")
         return
     keep_pandas_out_of_pyarrow()
+
+
+def _import_kineto_parser() -> None:
+    """Import the tree's Kineto parser: ``tracecal.ingest.kineto`` in a ``--baseline`` tree from before
+    the sources packages, else ``tracecal.sources.kineto.parser``. The old name is tried first: the
+    editable install would find the new one in this checkout even for a baseline tree that lacks it."""
+    try:
+        importlib.import_module("tracecal.ingest.kineto")
+    except ModuleNotFoundError:
+        importlib.import_module("tracecal.sources.kineto.parser")
 
 
 def _in_child(run: Path, workers: int, decode: bool, warm_up: bool, src: Path | None) -> tuple[float, float]:
@@ -123,8 +135,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.child is not None:  # one timed ingest for --cold, imported first as ingest_vs_hta.py does
         _prepare_parsing_process()
-        for module in ("tracecal.sources.kineto.parser", "pyarrow.compute"):
-            importlib.import_module(module)
+        importlib.import_module("pyarrow.compute")
+        _import_kineto_parser()
         if args.warm_up:
             _ingest(args.child, args.workers, True)
         print(*_ingest(args.child, args.workers, args.decode))
