@@ -23,6 +23,7 @@ from tracecal.calibrate.validation import error_metrics
 from tracecal.decode.parameters import StepParameters, parameter_groups
 from tracecal.schema import SHAPE_COLUMNS
 from tracecal.sql.query_files import query_file, query_frame
+from tracecal.vocabulary import GPU_ACTIVITY_KINDS
 
 REPORT_SCHEMA = {
     "run_id": pl.Utf8,
@@ -69,7 +70,7 @@ annotation around its CPU operator (event id and name; NULL outside a step) and 
 rank's step updates (``decode.parameters``)."""
 
 
-STEP_KINDS = ("kernel", "memcpy", "memset")
+STEP_KINDS = GPU_ACTIVITY_KINDS
 """Activity kinds a step is modelled whole on: GPU work, which a step sample times as the trace does
 (its kernels, ``samplers.timing``). On a CPU-only trace the step's operators are the leaf ops, and
 the Python time between them is a gap the replay keeps, while a CPU step sample (``perf_counter``, or

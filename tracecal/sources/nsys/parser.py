@@ -44,6 +44,7 @@ from tracecal.schema import EVENTS, arrow_schema
 from tracecal.sources.nsys import tables
 from tracecal.sources.nsys.export import Export, open_export
 from tracecal.sources.nsys.payload import nccl_ranks
+from tracecal.vocabulary import GPU_ACTIVITY_KINDS
 
 EVENTS_SCHEMA = arrow_schema(EVENTS)
 
@@ -170,7 +171,7 @@ def _process_names(export: Export) -> dict[int, str]:
 
 def _order_units(rows: pa.Table) -> tuple[list[int], dict[int, list[int]]]:
     """The rank processes in ordinal order, and the devices each one used."""
-    gpu = rows.filter(pc.is_in(rows.column("kind"), pa.array(["kernel", "memcpy", "memset"])))
+    gpu = rows.filter(pc.is_in(rows.column("kind"), pa.array(GPU_ACTIVITY_KINDS)))
     gpu = gpu.filter(pc.is_valid(gpu.column("proc")))
     devices: dict[int, list[int]] = {}
     if gpu.num_rows:
