@@ -128,8 +128,8 @@ def _print_report(report: IngestReport, db_path: Path) -> None:
     for r in report.runs:
         if r.table_rows is not None:
             stdout.print(
-                f"{r.run_id}: a decoded run, read from {r.files_read} files ({r.table_rows} table rows and the "
-                f"GPT-NeoX log, {r.source_bytes / 1e6:.1f} MB) and rebuilt as {r.ranks} rank traces",
+                f"{r.run_id}: a decoded run, read from {r.files_read} files ({r.table_rows} table rows, "
+                f"{r.source_bytes / 1e6:.1f} MB; format {r.format}) and rebuilt as {r.ranks} rank traces",
                 highlight=False,
             )
     decoded = [r for r in report.runs if r.decode is not None]
