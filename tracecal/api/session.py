@@ -47,6 +47,9 @@ if TYPE_CHECKING:  # the cores load when a method runs: `import tracecal` stays 
 
 Mode = Literal["measured", "predicted", "scaled"]
 
+_LAYOUT_NEEDS_CLUSTER = "predicting a layout needs --cluster NAME (or --mode measured for the traced durations)"
+"""`search` and `predict --layout` in predicted mode without a cluster."""
+
 
 def open(db: str | Path | None = None) -> Session:
     """A session on the database at ``db`` (default: ``$TRACECAL_DB``, else ``./tracecal.duckdb``)."""
@@ -311,6 +314,20 @@ class Session:
 
         return load(cluster, con, store_dir=self.model_dir)
 
+    def _predicted_model(
+        self, con: duckdb.DuckDBPyConnection, mode: str, cluster: str | None, without_cluster: str
+    ) -> DurationModel | None:
+        """``cluster``'s calibrated models when ``mode`` is predicted, else None (measured or scaled).
+
+        Raises:
+            PredictionError: predicted mode without a cluster (``without_cluster``: the message).
+        """
+        if mode != "predicted":
+            return None
+        if not cluster:
+            raise PredictionError(without_cluster)
+        return self.duration_model(con, cluster)
+
     def predict(
         self,
         run: str,
@@ -351,11 +368,9 @@ class Session:
         factors = parse_scale(list(scale))
         resolved = resolve_mode(mode, cluster, scale)
         with self.connect() as con:
-            model = None
-            if resolved == "predicted":
-                if not cluster:
-                    raise PredictionError("--mode predicted needs --cluster NAME (see `tracecal sql 'from models'`)")
-                model = self.duration_model(con, cluster)
+            model = self._predicted_model(
+                con, resolved, cluster, "--mode predicted needs --cluster NAME (see `tracecal sql 'from models'`)"
+            )
             gpn, gpn_source = target_gpus_per_node(
                 con, run, cluster if resolved == "predicted" else None, gpus_per_node
             )
@@ -435,11 +450,7 @@ class Session:
                     f"runs {', '.join(decoded_ids)} are decoded GPT-NeoX runs (scored like the published Table 9) "
                     f"and {', '.join(traced_ids)} are traces (component table): validate them separately by run id"
                 )
-            model = None
-            if resolved == "predicted":
-                if not cluster:
-                    raise PredictionError("validate in predicted mode needs --cluster NAME")
-                model = self.duration_model(con, cluster)
+            model = self._predicted_model(con, resolved, cluster, "validate in predicted mode needs --cluster NAME")
             if attribute and resolved == "measured":
                 raise PredictionError(
                     "--attribute splits a prediction's error by family: pass --cluster NAME or --scale FAMILY=FACTOR"
@@ -835,13 +846,7 @@ class Session:
         from tracecal.predict.search import device_memory_bytes, search_run
 
         with self.connect() as con:
-            model = None
-            if mode == "predicted":
-                if not cluster:
-                    raise PredictionError(
-                        "predicting a layout needs --cluster NAME (or --mode measured for the traced durations)"
-                    )
-                model = self.duration_model(con, cluster)
+            model = self._predicted_model(con, mode, cluster, _LAYOUT_NEEDS_CLUSTER)
             memory: float | None
             if gpu_memory_gib is not None:
                 memory, memory_source = gpu_memory_gib * 2**30, f"{gpu_memory_gib:g} GiB (--gpu-memory-gib)"
@@ -877,13 +882,7 @@ class Session:
             else:
                 pp, tp, dp = parse_layout(layout)
             target = Layout(pp, tp, dp, micro_batches, micro_batch_size, gpus_per_node)
-            model = None
-            if mode == "predicted":
-                if not cluster:
-                    raise PredictionError(
-                        "predicting a layout needs --cluster NAME (or --mode measured for the traced durations)"
-                    )
-                model = self.duration_model(con, cluster)
+            model = self._predicted_model(con, mode, cluster, _LAYOUT_NEEDS_CLUSTER)
             return predict_layout(con, run, target, mode=mode, model=model, replay=replay)
 
 
