@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import duckdb
+
     from tracecal.api.session import Session
     from tracecal.samplers.compute import ComputeReport, ComputeSettings
     from tracecal.samplers.plan import ComputePlan
@@ -131,8 +133,8 @@ def under_torchrun() -> bool:
     return launched()
 
 
-def _reflag(con: object, cluster: str) -> dict[str, int]:
+def _reflag(con: duckdb.DuckDBPyConnection, cluster: str) -> dict[str, int]:
     """Judge the new samples together with the cluster's others (docs/samples.md#quality-flags)."""
     from tracecal.samplers.quality import reflag_cluster
 
-    return dict(reflag_cluster(con, cluster))  # type: ignore[arg-type]
+    return reflag_cluster(con, cluster)

@@ -636,7 +636,7 @@ class Session:
         from tracecal.samplers.quality import reflag_cluster
 
         with self.connect() as con:
-            return dict(reflag_cluster(con, cluster))
+            return reflag_cluster(con, cluster)
 
     def samples_plan(
         self,
