@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -124,13 +125,9 @@ H200 = SHARED_DATA / "gpu" / "h200"
 
 
 @pytest.fixture(scope="module")
-def h200_db(tmp_path_factory: pytest.TempPathFactory, template_cache: Path) -> Path:
-    """Both shared H200 runs ingested: the demo's tiny default and the GPU-bound GPT."""
-    db = tmp_path_factory.mktemp("h200") / "h200.duckdb"
-    args = ["ingest", str(H200 / "demo_tiny"), str(H200 / "gpt_h2048_l8_bf16"), "--cluster", "h200", "--db", str(db)]
-    result = CliRunner().invoke(app, args, env={"TRACECAL_CACHE_DIR": str(template_cache)})
-    assert result.exit_code == 0, result.output
-    return db
+def h200_db(ingested_copy: Callable[..., Path]) -> Path:
+    """Both shared H200 runs ingested: the GPU-bound GPT and the demo's tiny default."""
+    return ingested_copy(H200 / "gpt_h2048_l8_bf16", H200 / "demo_tiny", cluster="h200")
 
 
 def test_gpu_busy_share_tells_the_cpu_bound_demo_from_the_gpu_bound_gpt(h200_db: Path) -> None:

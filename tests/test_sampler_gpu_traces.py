@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -34,14 +34,9 @@ RUNS = ("gpt_h2048_l8_bf16", "demo_tiny")
 
 
 @pytest.fixture(scope="module")
-def h200_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+def h200_db(ingested_copy: Callable[..., Path]) -> Path:
     """Both shared H200 traces ingested once, as cluster h200."""
-    from tracecal.pipeline.ingest import IngestOptions, ingest_runs
-
-    path = tmp_path_factory.mktemp("h200") / "h200.duckdb"
-    with open_database(path) as con:
-        ingest_runs(con, [H200 / run for run in RUNS], IngestOptions(cluster="h200", workers=1))
-    yield path
+    return ingested_copy(*(H200 / run for run in RUNS), cluster="h200")
 
 
 @pytest.fixture
