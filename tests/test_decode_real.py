@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from tracecal.cli.main import app
 from tracecal.decode.rank import DECODE_COLUMNS
+from tracecal.ingest.executors import InProcess
 from tracecal.pipeline import decode as pipeline_decode
 from tracecal.pipeline import rank_decode
 from tracecal.pipeline.decode import decode_stored_run
@@ -147,7 +148,7 @@ def test_worker_decode_re_decode_and_a_contradicted_layout_give_the_same_rows(
         ),
     )
     with open_database(tmp_path / "a.duckdb") as con:
-        ingest_runs(con, [DLRM], IngestOptions(workers=1))
+        ingest_runs(con, [DLRM], IngestOptions(workers=1), executor=InProcess())
         assert reads == [[SHARD_RUN_ID, r, r] for r in range(8)]  # in-process executor: files in order
         ingested = _derived_rows(con)
         assert len(ingested["operators"]) == 2244 and len(ingested["collectives"]) == 64
@@ -158,7 +159,7 @@ def test_worker_decode_re_decode_and_a_contradicted_layout_give_the_same_rows(
     wrong = ParallelLayout(pp=1, tp=8, dp=1, world_size=8)
     monkeypatch.setattr(rank_decode, "assumed_layout", lambda plan, parsed: wrong)
     with open_database(tmp_path / "b.duckdb") as con:
-        ingest_runs(con, [DLRM], IngestOptions(workers=1))
+        ingest_runs(con, [DLRM], IngestOptions(workers=1), executor=InProcess())
         assert reads[-1] == ["dlrm_8rank", 0, 7]  # every rank decoded again from the stored run
         assert _derived_rows(con) == ingested
 
@@ -178,7 +179,7 @@ def test_a_workers_shard_reads_as_the_stored_events(run: Path, tmp_path: Path, m
 
     monkeypatch.setattr(rank_decode, "decode_rank_parts", capture)
     with open_database(tmp_path / "h.duckdb") as con:
-        ingest_runs(con, [run], IngestOptions(workers=1))
+        ingest_runs(con, [run], IngestOptions(workers=1), executor=InProcess())  # the patch holds here only
         stored = pl.from_arrow(
             query_arrow(con, f"SELECT {', '.join(DECODE_COLUMNS)} FROM events ORDER BY rank, event_id", [])
         )

@@ -71,9 +71,9 @@ class IngestOptions:
 
     Attributes:
         run_id: id of the run; only with a single run directory (default: the directory name).
-        workers: worker processes that parse (at most this many files in flight); 1 parses in the
-            calling process, as does any run of a single file unless ``dask`` is set. With
-            ``dask="local"``, the number of Dask workers.
+        workers: worker processes that parse (at most this many files in flight) while this
+            process loads; a run of a single file parses in this process unless ``dask`` is set.
+            With ``dask="local"``, the number of Dask workers.
         on_error: ``raise`` stops at the first bad file (the run is rolled back); ``skip`` leaves
             the file (or a run whose every file failed) out and reports it.
         cluster: cluster the run was taken on, stored in ``runs.cluster``.
