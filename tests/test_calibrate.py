@@ -16,7 +16,14 @@ from conftest import GPUMODELING25
 
 from tracecal.calibrate.estimators import DurationRegressor, PhysicalBaseline
 from tracecal.calibrate.features import feature_frame, physics_columns, usable_features
-from tracecal.calibrate.fitting import ALL_OPS, GroupKey, calibrate_samples, fit_group, model_groups
+from tracecal.calibrate.fitting import (
+    ALL_OPS,
+    GroupKey,
+    calibrate_samples,
+    fit_group,
+    model_groups,
+    worker_processes,
+)
 from tracecal.calibrate.selection import mape_scale, select_model
 from tracecal.calibrate.validation import (
     MIN_SAMPLES,
@@ -259,26 +266,44 @@ def test_row_length_and_tensor_count_beat_the_published_holdout(tmp_path: Path, 
 
 @pytest.mark.slow
 def test_groups_fitted_in_worker_processes_equal_the_serial_fit(tmp_path: Path) -> None:
-    """n_jobs only decides where the groups are fitted: same groups, order, choices and errors (two
-    of the smallest published sweeps, 351 rows each: four groups)."""
+    """Where the groups are fitted changes nothing: same groups, order, choices, errors and predictions
+    (two of the smallest published sweeps, 351 rows each: four groups). Too little work for worker
+    processes, so the default fits them here (progress reported as each group starts, from 0); forced,
+    they go to worker processes (reported as each finishes, from 1)."""
     samples = imported(
         tmp_path, COMPUTE, ["NVIDIAA100-SXM4-80GB_layernorm_fp16.csv", "NVIDIAA100-SXM4-80GB_RMSlayernorm_fp16.csv"]
     )
-    seen: list[tuple[str, int, int]] = []
-    serial = calibrate_samples(samples, "perlmutter", folds=2, n_jobs=1)
+    here: list[int] = []
+    there: list[tuple[str, int, int]] = []
+    serial = calibrate_samples(samples, "perlmutter", folds=2, on_group=lambda key, done, total: here.append(done))
     parallel = calibrate_samples(
         samples,
         "perlmutter",
         folds=2,
-        n_jobs=2,
-        on_group=lambda key, done, total: seen.append((key.label, done, total)),
+        processes=True,
+        on_group=lambda key, done, total: there.append((key.label, done, total)),
     )
+    assert here == [0, 1, 2, 3]
     assert len(serial) == len(parallel) == 4
     assert [r.key for r in serial] == [r.key for r in parallel]
-    assert sorted(done for _, done, _ in seen) == [1, 2, 3, 4] and {total for *_, total in seen} == {4}
+    assert sorted(done for _, done, _ in there) == [1, 2, 3, 4] and {total for *_, total in there} == {4}
     for one, other in zip(serial, parallel, strict=True):
         assert one.kind == other.kind and one.status == other.status
-        assert one.metrics["mape"] == pytest.approx(other.metrics["mape"], rel=1e-6)
+        assert one.metrics == other.metrics and one.cv_scores == other.cv_scores
+        assert one.model is not None and other.model is not None and one.training is not None
+        features = feature_frame(one.training, one.key.family)
+        assert np.array_equal(one.model.predict(features), other.model.predict(features))
+
+
+def test_worker_processes_only_where_they_pay() -> None:
+    """Worker processes start only when spreading the groups saves more than their start-up: not for a
+    few small groups, one group, one job, or one group dominating the rest; for many large groups."""
+    assert worker_processes([351] * 4, 2) == 0
+    assert worker_processes([5000], 2) == 0
+    assert worker_processes([1500] * 60, 1) == 0
+    assert worker_processes([4860] + [30] * 3, 2) == 0
+    assert worker_processes([1500] * 60, 2) == 2
+    assert worker_processes([1500] * 60, 4) == 4
 
 
 def test_in_trace_report_by_hand() -> None:

@@ -15,7 +15,7 @@ left out whenever the same op has per-topology samples, so no row is counted twi
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,7 +32,7 @@ from tracecal.calibrate.features import (
     usable_features,
 )
 from tracecal.calibrate.sample_timing import SUPERSEDED, fitted_timing, mark_superseded
-from tracecal.calibrate.selection import CANDIDATES, COMM_CANDIDATES, select_model
+from tracecal.calibrate.selection import CANDIDATES, COMM_CANDIDATES, CV_ROWS, select_model
 from tracecal.calibrate.validation import (
     CONSISTENT_NOISE_PCT,
     MIN_SAMPLES,
@@ -175,7 +175,7 @@ def fit_group(
     *,
     published_mape: float | None = None,
     folds: int = 3,
-    n_jobs: int = 2,
+    n_jobs: int = 1,
 ) -> GroupResult:
     """Validate and fit one group. Never raises for data reasons: the status says what happened."""
     durations = rows.get_column("median_ns").cast(pl.Float64).fill_null(np.nan).to_numpy()
@@ -238,6 +238,44 @@ def fit_group(
     return result
 
 
+WORKER_START_S = 3.0
+"""CPU-seconds a spawned worker process takes before it can fit (interpreter, polars, scikit-learn
+and XGBoost imports): about as many wall seconds when it has a core to itself. Measured with the
+other constants below on the 2-core VM (benchmarks/RESULTS.md, calibration section)."""
+
+GROUP_FIT_S = 0.8
+"""Seconds one group's ``fit_group`` takes on one thread besides its rows' share."""
+
+ROW_FIT_S = 0.003
+"""Seconds ``fit_group`` takes on one thread per sample row of its group, up to ``CV_ROWS`` rows: the
+model search, most of a group's time, sees no more."""
+
+
+def fit_seconds(rows: int) -> float:
+    """Estimated single-threaded seconds of ``fit_group`` on a group of ``rows`` sample rows."""
+    return GROUP_FIT_S + ROW_FIT_S * min(rows, CV_ROWS)
+
+
+def worker_processes(group_rows: Sequence[int], n_jobs: int) -> int:
+    """How many worker processes fitting groups of these sizes (sample rows) pays for; 0 fits them in
+    this process, one after another.
+
+    ``min(n_jobs, groups)`` workers when they save more wall time than they add CPU time: the
+    estimated time one by one (``fit_seconds`` of every group) less the time spread over the workers
+    (the longer of the largest group and an even share) and their start-up must exceed the CPU-seconds
+    of starting them (``WORKER_START_S`` each). A saving of a few seconds thus never takes every core
+    of a shared machine (parallel tests, other calibrations) for it.
+    """
+    workers = min(n_jobs, len(group_rows))
+    if workers < 2:
+        return 0
+    seconds = [fit_seconds(rows) for rows in group_rows]
+    one_by_one = sum(seconds)
+    spread = max(max(seconds), one_by_one / workers)
+    saved = one_by_one - spread - WORKER_START_S
+    return workers if saved > WORKER_START_S * workers else 0
+
+
 def calibrate_samples(
     samples: pl.DataFrame,
     cluster: str,
@@ -246,15 +284,16 @@ def calibrate_samples(
     family: str | None = None,
     folds: int = 3,
     n_jobs: int = 2,
+    processes: bool | None = None,
     on_group: Callable[[GroupKey, int, int], None] | None = None,
 ) -> list[GroupResult]:
     """Fit and validate every model group of ``samples`` (rows of the ``samples`` table).
 
-    Groups are independent, so with ``n_jobs > 1`` and several groups they are fitted in ``n_jobs``
-    worker processes, each fitting single-threaded: most of a group's time is Python-level work per
-    tree or per candidate (scikit-learn builds and clones every tree under the GIL), which threads
-    inside one process cannot spread over the cores. Every fit is seeded, so the models and errors
-    do not depend on ``n_jobs`` (up to the last digits of a floating-point sum).
+    Groups are independent, so when the work pays for starting them (``worker_processes``) they are
+    fitted in ``n_jobs`` worker processes, each fitting single-threaded: most of a group's time is
+    Python-level work per tree or per candidate (scikit-learn builds and clones every tree under the
+    GIL), which threads inside one process cannot spread over the cores. Every fit is seeded, so the
+    models and their predictions do not depend on where they were fitted.
 
     Args:
         samples: the cluster's samples, flagged ones included (they are counted as excluded), every
@@ -264,8 +303,12 @@ def calibrate_samples(
         published: ``published_errors`` rows (op, direction, topology, published_mape_pct) to show
             next to ours; None when the samples are not the published ones.
         family: only this family.
-        n_jobs: worker processes for the groups; with 1 (or a single group) the groups are fitted
-            one by one in this process, the estimators on ``n_jobs`` threads.
+        n_jobs: the most worker processes for the groups. Every estimator fits on one thread,
+            wherever its group is fitted: a second thread made small groups slower and large ones no
+            faster, and a threaded forest sums its trees' predictions in the order the threads finish.
+        processes: True fits the groups in worker processes (``min(n_jobs, groups)``, at least one)
+            and False in this process, whatever the work; None (default) lets ``worker_processes``
+            decide from the groups' sizes.
         on_group: called with (key, groups done, total) as each group starts (one process) or
             finishes (worker processes), for progress display.
 
@@ -275,7 +318,11 @@ def calibrate_samples(
     lookup = published_lookup(published)
     groups = model_groups(mark_superseded(samples), family)
     load_openmp_libraries()  # before the workers' fitted models are unpickled here, which imports them
-    if n_jobs <= 1 or len(groups) <= 1:
+    if processes is None:
+        workers = worker_processes([rows.height for _, rows in groups], n_jobs)
+    else:
+        workers = max(1, min(n_jobs, len(groups))) if processes and groups else 0
+    if workers == 0:
         results = []
         for index, (key, rows) in enumerate(groups):
             if on_group is not None:
@@ -287,11 +334,11 @@ def calibrate_samples(
                     cluster,
                     published_mape=lookup.get((key.label, key.direction)),
                     folds=folds,
-                    n_jobs=n_jobs,
+                    n_jobs=1,
                 )
             )
         return results
-    return _fit_groups_in_processes(groups, cluster, lookup, folds, n_jobs, on_group)
+    return _fit_groups_in_processes(groups, cluster, lookup, folds, workers, on_group)
 
 
 def _fit_groups_in_processes(

@@ -96,7 +96,7 @@ def select_model(
     folds: int = 3,
     seed: int = 42,
     candidates: Sequence[dict[str, Any]] = CANDIDATES,
-    n_jobs: int = 2,
+    n_jobs: int = 1,
 ) -> Selection:
     """Choose a ``DurationRegressor`` configuration by k-fold CV on these (training) rows only.
 
@@ -106,6 +106,8 @@ def select_model(
         feature_columns / physical_columns: passed to every candidate.
         folds: k of the k-fold (3 keeps a per-cluster calibration within minutes on 2 cores).
         seed: fold shuffling and estimator seed.
+        n_jobs: threads of every candidate's estimators (one: on these data sizes a second thread
+            made the search slower, not faster).
 
     Returns:
         ``Selection`` whose ``params`` construct the winner (``DurationRegressor(**params)``),
