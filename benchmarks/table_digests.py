@@ -84,7 +84,8 @@ def ingest_and_digest(path: Path, scratch: Path) -> dict[str, list[int]]:
         text=True,
     )
     if result.returncode != 0:
-        return {"<ingest failed>": [result.returncode, 0, 0], "<stderr>": [hash(result.stderr.strip()) & 0xFFFF, 0, 0]}
+        print(f"{path.name}: trace-ingest exited {result.returncode}: {result.stderr.strip()}", file=sys.stderr)
+        return {"<ingest failed>": [result.returncode, 0, 0]}
     return digest_database(db)
 
 
