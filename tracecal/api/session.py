@@ -95,6 +95,49 @@ class PredictReport:
     gpus_per_node_source: str | None
     ratios: dict[str, Any]
     attribution: pl.DataFrame | None
+    fallback: ModelFallback | None = None
+
+
+@dataclass(frozen=True)
+class ModelFallback:
+    """What a predicted replay did where the cluster had no model (``PredictReport.fallback``).
+
+    ``scaled``: families whose measured durations were scaled by a cross-cluster ratio (see
+    ``PredictReport.ratios``). ``kept``: ``what_if.measured_fallback``'s rows (what, rank, share_pct,
+    and a ``total`` row), operator time kept as traced. ``mostly_measured``: the total is above
+    ``what_if.MOSTLY_MEASURED`` of a rank's iteration. On another cluster than the trace's:
+    ``carried_pct``, the operator time carried over unscaled, and ``idle_pct``, the most the GPUs sit
+    idle in a rank's predicted iteration (CPU-side gaps are carried over as they are)."""
+
+    scaled: list[str]
+    kept: pl.DataFrame
+    mostly_measured: bool
+    carried_pct: float | None
+    idle_pct: float | None
+
+
+def model_fallback(pred: Prediction, source: str | None, cluster: str | None, ratios: dict[str, Any]) -> ModelFallback:
+    """The ``ModelFallback`` of a predicted replay of a run traced on ``source`` with ``cluster``'s models."""
+    import polars as pl
+
+    from tracecal.predict.durations import measured_share
+    from tracecal.predict.what_if import MOSTLY_MEASURED, idle_share, measured_fallback
+
+    scaled = (
+        sorted(set(pred.graph.nodes["family"].fill_null("other").to_numpy()[pred.durations.source == "ratio"]))
+        if ratios
+        else []
+    )
+    kept = measured_fallback(pred)
+    total = kept.filter(pl.col("what") == "total")
+    elsewhere = source is not None and cluster is not None and source != cluster
+    return ModelFallback(
+        scaled=scaled,
+        kept=kept,
+        mostly_measured=bool(total.height and total["share_pct"][0] > 100 * MOSTLY_MEASURED),
+        carried_pct=100 * measured_share(pred.graph, pred.durations) if elsewhere else None,
+        idle_pct=idle_share(pred) if elsewhere else None,
+    )
 
 
 SAMPLE_FORMATS = ("gpumodeling25", "parquet")
@@ -396,6 +439,7 @@ class Session:
             run=run, mode=resolved, cluster=cluster, table=table, prediction=pred, stored=stored,
             what_if=is_what_if(resolved, source, cluster, gpn), decoded=decoded, source_cluster=source,
             gpus_per_node=gpn, gpus_per_node_source=gpn_source, ratios=ratios, attribution=attribution,
+            fallback=model_fallback(pred, source, cluster, ratios) if resolved == "predicted" else None,
         )  # fmt: skip
 
     def validate(

@@ -13,7 +13,7 @@ from tracecal.errors import PredictionError
 if TYPE_CHECKING:  # imported where used: `tracecal --help` starts without it
     import polars as pl
 
-    from tracecal.api.session import ValidateReport
+    from tracecal.api.session import ModelFallback, ValidateReport
     from tracecal.predict.run import Prediction
 
 FORMATS = ("table", "csv", "json")
@@ -118,8 +118,8 @@ def predict(
         pred, table, attribution, what_if = report.prediction, report.table, report.attribution, report.what_if
         if figures is not None:
             _predict_figures(figures, run, pred, attribution)
-        if resolved == "predicted":
-            _report_fallback(run, cluster, report.source_cluster, pred, report.ratios)
+        if report.fallback is not None:
+            _report_fallback(cluster, report.source_cluster, report.fallback, report.ratios)
         if report.gpus_per_node is not None:
             warn(
                 f"ranks placed on nodes of {report.gpus_per_node} GPUs (from {report.gpus_per_node_source}); "
@@ -147,43 +147,37 @@ def predict(
             )
 
 
-def _report_fallback(run: str, cluster: str | None, source: str | None, pred: Prediction, ratios: dict) -> None:
+def _report_fallback(cluster: str | None, source: str | None, fallback: ModelFallback, ratios: dict) -> None:
     """Name every family and collective that kept its measured durations, with its share of the
-    iteration; a bold warning when that is more than ``MOSTLY_MEASURED`` of a rank's iteration. On
-    another cluster: the ratios used, the share carried over unscaled and the idle share."""
+    iteration; a bold warning when the prediction is mostly measured time. On another cluster: the
+    ratios used, the share carried over unscaled and the idle share."""
     import polars as pl
 
     from tracecal.cli.common import stderr
-    from tracecal.predict.durations import measured_share
-    from tracecal.predict.what_if import MOSTLY_MEASURED, idle_share, measured_fallback
 
-    if ratios:
-        used = sorted(set(pred.graph.nodes["family"].fill_null("other").to_numpy()[pred.durations.source == "ratio"]))
-        if used:
-            warn(
-                f"no {cluster} model for {', '.join(used)}: measured durations scaled from {source} by "
-                + "; ".join(f"{f} ×{ratios[f].factor:.3f} ({ratios[f].basis})" for f in used)
-            )
-    kept = measured_fallback(pred)
-    parts = kept.filter(pl.col("what") != "total")
+    if fallback.scaled:
+        warn(
+            f"no {cluster} model for {', '.join(fallback.scaled)}: measured durations scaled from {source} by "
+            + "; ".join(f"{f} ×{ratios[f].factor:.3f} ({ratios[f].basis})" for f in fallback.scaled)
+        )
+    parts = fallback.kept.filter(pl.col("what") != "total")
     if parts.height:
         listed = ", ".join(
             f"{r['what']} {r['share_pct']:.1f} % (rank {r['rank']})" for r in parts.iter_rows(named=True)
         )
         warn(f"kept their measured durations (no model on cluster {cluster}), share of the iteration: {listed}")
-    total = kept.filter(pl.col("what") == "total")
-    if total.height and total["share_pct"][0] > 100 * MOSTLY_MEASURED:
+    if fallback.mostly_measured:
+        total = fallback.kept.filter(pl.col("what") == "total")
         stderr.print(
             f"[bold yellow]warning: {total['share_pct'][0]:.1f} % of rank {total['rank'][0]}'s iteration is operator "
             f"time kept as traced: this prediction is mostly measured time, not cluster {cluster}'s models[/]",
             highlight=False,
             soft_wrap=True,
         )
-    if source is not None and cluster is not None and source != cluster:
+    if fallback.carried_pct is not None and fallback.idle_pct is not None:
         warn(
-            f"carried over from {source} unscaled: {100 * measured_share(pred.graph, pred.durations):.1f} % of the "
-            f"operator time, and every CPU-side gap (the GPUs sit idle up to {idle_share(pred):.1f} % of a rank's "
-            "predicted iteration)"
+            f"carried over from {source} unscaled: {fallback.carried_pct:.1f} % of the operator time, and every "
+            f"CPU-side gap (the GPUs sit idle up to {fallback.idle_pct:.1f} % of a rank's predicted iteration)"
         )
 
 
