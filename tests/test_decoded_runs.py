@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import GPUMODELING25
 from tracecal.cli.main import app
-from tracecal.errors import InputNotFoundError, TraceFormatError
+from tracecal.errors import InputNotFoundError, PredictionError, TraceFormatError
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sources.gpumodeling25.read.neox_log import parse_neox_log
 from tracecal.sources.gpumodeling25.rebuild.pipeline_schedule import stage_instructions
@@ -262,6 +262,16 @@ def test_metadata_keeps_the_published_measurements(llemma_db: Path) -> None:
     assert meta["best_batch_module_times"]["average"]["update"] == [9574937.0, 9575284.0, 9575449.0]
     assert "1F1B_max_optimizer" in meta["published_compares"]
     assert meta["neox_log"]["pipe_parallel_size"] == 4
+
+
+@pytest.mark.parametrize("stored", ['{"best_batch_module_times": {', "[1, 2]", None])
+def test_unreadable_run_metadata_is_one_line(tmp_path: Path, stored: str | None) -> None:
+    """A decoded run whose stored metadata is cut short, not an object or missing: validate says what to
+    do in one line (``sql.query.run_metadata`` reads it for every caller)."""
+    with open_database(tmp_path / "x.duckdb") as con:
+        con.execute("INSERT INTO runs (run_id, format, metadata_json) VALUES ('r', 'gpumodeling25', ?)", [stored])
+        with pytest.raises(PredictionError, match=r"^run r carries no published module times; re-ingest"):
+            validate_decoded_run(con, "r")
 
 
 def test_flash_attention_causality_from_its_kernels() -> None:

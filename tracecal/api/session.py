@@ -10,7 +10,6 @@ steps take an optional ``progress`` callback.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -255,10 +254,11 @@ class Session:
         """Everything `tracecal iterations RUN` shows: statistics, best iteration, clock offsets, Table 8."""
         from tracecal.sources.gpumodeling25.read.tables import NEOX_LOG_KEY, table8_from_metadata
         from tracecal.sql.iterations import iteration_report
+        from tracecal.sql.query import run_metadata
 
         with self.connect(read_only=True) as con:
             report = iteration_report(con, run)
-            metadata = _run_metadata(con, run)
+            metadata = run_metadata(con, run)
         table8 = table8_from_metadata(metadata) if NEOX_LOG_KEY in metadata else None
         return IterationsReport(report, table8)
 
@@ -985,17 +985,6 @@ def _cross_cluster_ratios(con: duckdb.DuckDBPyConnection, run: str, source: str 
         return {}
     families = [r[0] for r in con.execute("SELECT DISTINCT family FROM operators WHERE run_id = ?", [run]).fetchall()]
     return cluster_ratios(sample_rates(con, source, target), source, target, [*families, "comm"])
-
-
-def _run_metadata(con: duckdb.DuckDBPyConnection, run: str) -> dict[str, Any]:
-    rows = con.execute("SELECT metadata_json FROM runs WHERE run_id = ?", [run]).fetchall()
-    if not rows or not rows[0][0]:
-        return {}
-    try:
-        metadata = json.loads(rows[0][0])
-    except json.JSONDecodeError:
-        return {}
-    return metadata if isinstance(metadata, dict) else {}
 
 
 def _check_dask_installed() -> None:

@@ -26,6 +26,7 @@ from tracecal.predict.durations import DurationModel
 from tracecal.predict.run import Prediction
 from tracecal.predict.store import predict_stored_run
 from tracecal.sql.connection import query_arrow
+from tracecal.sql.query import parse_run_metadata
 from tracecal.sql.query_files import query_frame
 
 WHAT = ("measured", "predicted", "both")
@@ -259,9 +260,7 @@ def _write_split(
         path = directory / f"rank{rank}.pt.trace.json.gz"
         write_trace(path, ex.trace_json(own, tracks.filter(pl.col("rank") == rank), rank_header, flows=False))
         files.append(path)
-    metadata = json.loads(run["metadata_json"]) if run.get("metadata_json") else {}
-    if not isinstance(metadata, dict):
-        metadata = {}
+    metadata = parse_run_metadata(run.get("metadata_json"))
     for key in ("model", "pp", "tp", "dp", "nodes", "gpus_per_node"):
         if run.get(key) is not None:
             metadata[key] = run[key]

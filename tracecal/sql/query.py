@@ -1,8 +1,11 @@
-"""Running user SQL and listing runs: the library side of ``tracecal sql`` and ``tracecal runs``."""
+"""Running user SQL and listing runs: the library side of ``tracecal sql`` and ``tracecal runs``, and the
+one reader of a run's stored metadata (``runs.metadata_json``)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -80,3 +83,22 @@ def result_as_csv(table: pa.Table) -> str:
 def list_runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
     """One row per run: ranks, events, span of the capture, format and source path."""
     return query_file(con, "runs_overview")
+
+
+def run_metadata(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
+    """A run's ``runs.metadata_json`` (its ``run.json``, or what its source stored), as a dict; empty when
+    the run is not there or has none."""
+    row = con.execute("SELECT metadata_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
+    return parse_run_metadata(row[0] if row else None)
+
+
+def parse_run_metadata(text: str | None) -> dict[str, Any]:
+    """``runs.metadata_json`` text as a dict: empty when NULL, not JSON, or not a JSON object (the column
+    holds what a run folder's ``run.json`` said, and a reader must not fail on it)."""
+    if not text:
+        return {}
+    try:
+        metadata = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return metadata if isinstance(metadata, dict) else {}

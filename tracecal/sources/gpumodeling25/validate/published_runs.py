@@ -9,9 +9,9 @@ rules. See ``docs/published-runs.md``.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import duckdb
 import polars as pl
@@ -24,6 +24,7 @@ from tracecal.predict.store import StoredIteration, predict_stored_run
 from tracecal.sources.gpumodeling25.read.folder import DECODED_FORMAT
 from tracecal.sources.gpumodeling25.validate.module_times import module_members, module_times, per_position
 from tracecal.sources.gpumodeling25.validate.published import component_errors, stage_comparison
+from tracecal.sql.query import run_metadata
 
 
 @dataclass(frozen=True)
@@ -51,9 +52,9 @@ def traced_ranks(con: duckdb.DuckDBPyConnection, run_id: str) -> list[int]:
     return [ranks[0], ranks[1] if len(ranks) > 2 else ranks[-1], ranks[-1]]
 
 
-def _metadata(con: duckdb.DuckDBPyConnection, run_id: str) -> dict:
-    row = con.execute("SELECT metadata_json FROM runs WHERE run_id = ?", [run_id]).fetchone()
-    meta = json.loads(row[0]) if row and row[0] else {}
+def _metadata(con: duckdb.DuckDBPyConnection, run_id: str) -> dict[str, Any]:
+    """The run's stored metadata, which must carry the published module times."""
+    meta = run_metadata(con, run_id)
     if "best_batch_module_times" not in meta:
         raise PredictionError(f"run {run_id} carries no published module times; re-ingest its decoded run folder")
     return meta
