@@ -114,17 +114,17 @@ def _samples(layout) -> int:
     return layout.dp * int(layout.micro_batches or 1) * int(layout.micro_batch_size or 1)
 
 
-def _model_key(log) -> tuple:
-    return (log.num_layers, log.hidden_size, log.num_attention_heads, log.seq_length)
+def _model_key(run) -> tuple:
+    """The model of a run its source re-lays out (``relayout_source.SourceRelayout``)."""
+    return (run.facts.layers, run.dims.hidden, run.dims.heads, run.dims.seq)
 
 
 def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tuple[pl.DataFrame, list]:
     from tracecal.calibrate import load
     from tracecal.config import model_store_dir
-    from tracecal.predict.relayout_run import predict_layout, run_layout, source_job
+    from tracecal.predict.relayout_run import predict_layout, run_layout, source_relayout
     from tracecal.predict.search import device_memory_bytes, search_run
     from tracecal.predict.store import predict_stored_run
-    from tracecal.sources.gpumodeling25.read.neox_log import parse_neox_log
     from tracecal.sources.gpumodeling25.validate.published_runs import with_published_iteration
     from tracecal.sql.connection import open_database
 
@@ -133,8 +133,7 @@ def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tup
         model = load(cluster, con, store_dir=model_store_dir(db))
         groups: dict[tuple, list[str]] = {}
         for run_id in run_ids:
-            log = parse_neox_log(sorted(source_job(con, run_id).glob("*.log"))[0])
-            groups.setdefault(_model_key(log), []).append(run_id)
+            groups.setdefault(_model_key(source_relayout(con, run_id)), []).append(run_id)
         measured, floor, layouts = {}, {}, {}
         for run_id in run_ids:
             _, own = predict_stored_run(con, run_id, mode="predicted", model=model)

@@ -19,7 +19,6 @@ from typer.testing import CliRunner
 
 from tracecal.cli.main import app
 from tracecal.predict.layouts import Layout, LayoutError, check_layout, parse_layout, partition, partition_rule
-from tracecal.predict.relayout import model_dims, model_facts, rebuild_at, relayout
 from tracecal.predict.relayout_run import predict_layout
 from tracecal.predict.relayout_shapes import rewrite_dims, shape_map
 from tracecal.predict.store import predict_stored_run
@@ -27,6 +26,7 @@ from tracecal.sources.gpumodeling25.read.decoded_run import read_decoded_run
 from tracecal.sources.gpumodeling25.read.folder import decoded_job_dir
 from tracecal.sources.gpumodeling25.read.neox_log import parse_neox_log
 from tracecal.sources.gpumodeling25.rebuild.reconstruct import RunShape
+from tracecal.sources.gpumodeling25.relayout import model_dims, model_facts, rebuild_at, relayout
 from tracecal.sql.connection import open_database
 
 RUNS = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpumodeling25" / "runs" / "perlmutter"

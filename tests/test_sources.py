@@ -3,6 +3,8 @@ registers (entry-point group ``tracecal.sources``) is discovered and ingested li
 
 from __future__ import annotations
 
+import shutil
+from dataclasses import replace
 from importlib.metadata import EntryPoint
 from pathlib import Path
 
@@ -11,10 +13,12 @@ import pyarrow.csv as pacsv
 import pytest
 
 from tests.conftest import GPUMODELING25, KINETO
-from tracecal.errors import InputNotFoundError, TracecalError, TraceFormatError
+from tracecal.errors import InputNotFoundError, PredictionError, TracecalError, TraceFormatError
 from tracecal.ingest.discover import discover_run, trace_format
 from tracecal.ingest.trace import ParsedRank
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
+from tracecal.predict.layouts import Layout, parse_layout
+from tracecal.predict.relayout_run import run_layout
 from tracecal.schema import EVENTS, arrow_schema
 from tracecal.sources import registry
 from tracecal.sources.registry import Source
@@ -97,6 +101,42 @@ def test_a_bad_file_of_an_outside_source_is_one_line(outside_source: Source, tmp
     (run_dir / "rank0.events.csv").write_text('kind,name\n"unterminated\n')
     with open_database(tmp_path / "x.duckdb") as con, pytest.raises(TracecalError, match=r"rank0\.events\.csv"):
         ingest_runs(con, [run_dir], IngestOptions(workers=1))
+
+
+class StatedLayout:
+    """An outside source's ``relayout`` as far as ``run_layout`` reads it: the layout the run folder's
+    ``layout.txt`` states."""
+
+    def __init__(self, folder: Path) -> None:
+        self.layout = Layout(*parse_layout((folder / "layout.txt").read_text()))
+
+
+LAID_OUT_CSV = replace(EVENT_CSV, relayout="tests.test_sources:StatedLayout")
+"""``EVENT_CSV`` with a ``relayout``."""
+
+
+def test_the_layout_what_if_asks_the_runs_source(
+    outside_source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``predict --layout`` reaches a run's source through the registry (``Source.relayout``): without one
+    the run is refused naming the formats that have one; with one, the source reads the run's folder;
+    a folder gone is one line."""
+    run_dir = tmp_path / "csv_run"
+    run_dir.mkdir()
+    (run_dir / "rank0.events.csv").write_text("kind,name,ts_ns,dur_ns,pid,tid,correlation\ncpu_op,x,0,5,1,1,\n")
+    (run_dir / "layout.txt").write_text("2x1x4")
+    with open_database(tmp_path / "x.duckdb") as con:
+        ingest_runs(con, [run_dir], IngestOptions(workers=1))
+        with pytest.raises(PredictionError, match=r"^run csv_run is a eventcsv trace: .* runs of gpumodeling25,"):
+            run_layout(con, "csv_run")
+        point = EntryPoint(name="eventcsv", value="tests.test_sources:LAID_OUT_CSV", group=registry.ENTRY_POINT_GROUP)
+        monkeypatch.setattr(registry, "entry_points", lambda group: [point])
+        registry.registered.cache_clear()
+        assert registry.relayout_formats() == ["gpumodeling25", "eventcsv"]
+        assert run_layout(con, "csv_run") == Layout(2, 1, 4)
+        shutil.rmtree(run_dir)
+        with pytest.raises(PredictionError, match=r"eventcsv run folder .*csv_run is no longer there"):
+            run_layout(con, "csv_run")
 
 
 def test_registry_errors_name_what_to_fix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,7 +1,9 @@
 """Predict a stored run at another parallel layout: rebuild, decode and replay it with the same engine.
 
-A decoded GPT-NeoX run is rebuilt by ``relayout.rebuild_at``; a traced run of the reference workload
-(``tracecal workload run``) by ``relayout_workload.rebuild_workload_at``, as a run folder of rank traces.
+A run of a source that can re-lay out its runs (``Source.relayout`` in the registry: a decoded GPT-NeoX
+run) is rebuilt by that source (``relayout_source.SourceRelayout``); a traced run of the reference
+workload (``tracecal workload run``) by ``relayout_workload.rebuild_workload_at``, as a run folder of
+rank traces.
 The rebuilt iteration is stored in a scratch database of its own, decoded
 there by the same code as an ingest, loaded and replayed like any stored run (``predict_stored_run``),
 and summarised: the slowest stage's iteration, the throughput at the global batch the layout runs,
@@ -25,11 +27,11 @@ from tracecal.errors import PredictionError, RunNotFoundError
 from tracecal.predict.components import COMPONENTS
 from tracecal.predict.durations import DurationModel
 from tracecal.predict.layouts import Layout
-from tracecal.predict.relayout import Relayout, rebuild_at
+from tracecal.predict.relayout_source import LayoutPlan, SourceRelayout
 from tracecal.predict.relayout_workload import RUN_JSON, WorkloadRelayout, read_config, rebuild_workload_at
 from tracecal.predict.run import Prediction, slack_report
 from tracecal.predict.store import predict_stored_run
-from tracecal.sources.gpumodeling25.read.folder import DECODED_FORMAT, decoded_job_dir
+from tracecal.sources.registry import load, relayout_formats, source_named
 
 COMPONENT_ORDER = (*COMPONENTS, "idle")
 """The components a re-layout reports, in the replay's priority order, idle last."""
@@ -50,7 +52,7 @@ class LayoutPrediction:
         gap_share: CPU-side gaps kept as traced on its critical path, over its iteration.
         uncovered: operators whose duration no model gave (name, family, share of operator time).
         prediction: the replay.
-        relayout: the tables and log the iteration was rebuilt from.
+        relayout: how the run was laid out at the target (layers per stage, partition rule, notes).
     """
 
     run_id: str
@@ -62,7 +64,7 @@ class LayoutPrediction:
     gap_share: float | None
     uncovered: pl.DataFrame
     prediction: Prediction
-    relayout: Relayout | WorkloadRelayout
+    relayout: LayoutPlan
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -71,16 +73,24 @@ class LayoutPrediction:
         return self.samples / (self.iteration_ns / 1e9) if self.iteration_ns else 0.0
 
 
-def workload_run_dir(con: duckdb.DuckDBPyConnection, run_id: str) -> Path | None:
-    """The folder of a stored traced run of the reference workload (its ``run.json`` says so), else None.
+def _stored_run(con: duckdb.DuckDBPyConnection, run_id: str) -> tuple[Path, str]:
+    """A stored run's source path and format.
 
     Raises:
         RunNotFoundError: no such run."""
     row = con.execute("SELECT source_path, format FROM runs WHERE run_id = ?", [run_id]).fetchone()
     if row is None:
         raise RunNotFoundError(f"no run {run_id!r} in the database; ingest it with trace-ingest")
-    folder = Path(row[0])
-    if row[1] == DECODED_FORMAT or not (folder / RUN_JSON).is_file():
+    return Path(row[0]), row[1]
+
+
+def workload_run_dir(con: duckdb.DuckDBPyConnection, run_id: str) -> Path | None:
+    """The folder of a stored traced run of the reference workload (its ``run.json`` says so), else None.
+
+    Raises:
+        RunNotFoundError: no such run."""
+    folder, _ = _stored_run(con, run_id)
+    if not (folder / RUN_JSON).is_file():
         return None
     try:
         read_config(folder)
@@ -89,41 +99,49 @@ def workload_run_dir(con: duckdb.DuckDBPyConnection, run_id: str) -> Path | None
     return folder
 
 
-def source_job(con: duckdb.DuckDBPyConnection, run_id: str) -> Path:
-    """The decoded run folder a stored run was ingested from.
+def source_relayout(con: duckdb.DuckDBPyConnection, run_id: str) -> SourceRelayout | None:
+    """A stored run as its source rebuilds it at other layouts (the registry's ``Source.relayout``), or
+    None when its source re-lays out no run.
 
     Raises:
-        RunNotFoundError: no such run. PredictionError: not a decoded run, or its folder is gone.
+        RunNotFoundError: no such run. PredictionError: its folder is no longer there.
     """
-    row = con.execute("SELECT source_path, format FROM runs WHERE run_id = ?", [run_id]).fetchone()
-    if row is None:
-        raise RunNotFoundError(f"no run {run_id!r} in the database; ingest it with trace-ingest")
-    if row[1] != DECODED_FORMAT:
+    path, fmt = _stored_run(con, run_id)
+    source = source_named(fmt)
+    if source.relayout is None:
+        return None
+    folder = source.stored_run_folder(path)
+    if folder is None:
+        raise PredictionError(f"run {run_id}: its {fmt} run folder {path} is no longer there; --layout reads it")
+    return load(source.relayout)(folder)
+
+
+def rebuilder(con: duckdb.DuckDBPyConnection, run_id: str) -> SourceRelayout | Path:
+    """What rebuilds a stored run at another layout: its source, else (a run of the reference workload)
+    its folder.
+
+    Raises:
+        RunNotFoundError: no such run. PredictionError: neither, or its folder is no longer there.
+    """
+    relayout = source_relayout(con, run_id)
+    if relayout is not None:
+        return relayout
+    folder = workload_run_dir(con, run_id)
+    if folder is None:
         raise PredictionError(
-            f"run {run_id} is a {row[1]} trace: --layout rebuilds decoded GPT-NeoX runs and runs of the reference "
-            "workload (`tracecal workload run`, whose run.json states the model), the frameworks whose schedule "
-            "and partition are known"
+            f"run {run_id} is a {_stored_run(con, run_id)[1]} trace: --layout rebuilds runs of the reference "
+            f"workload (`tracecal workload run`, whose run.json states the model) and runs of "
+            f"{', '.join(relayout_formats())}, the frameworks whose schedule and partition are known"
         )
-    job = decoded_job_dir(Path(row[0]))
-    if job is None:
-        raise PredictionError(f"run {run_id}: its decoded run folder {row[0]} is no longer there; --layout reads it")
-    return job
+    return folder
 
 
 def run_layout(con: duckdb.DuckDBPyConnection, run_id: str) -> Layout:
-    """The layout a stored run ran at: from a decoded run's log, or a workload run's run.json."""
-    from tracecal.predict.relayout import source_layout
+    """The layout a stored run ran at: as its source reads it, or a workload run's run.json."""
     from tracecal.predict.relayout_workload import source_layout as workload_layout
-    from tracecal.sources.gpumodeling25.read.neox_log import parse_neox_log
 
-    folder = workload_run_dir(con, run_id)
-    if folder is not None:
-        return workload_layout(read_config(folder)[0])
-
-    logs = sorted(source_job(con, run_id).glob("*.log"))
-    if not logs:
-        raise PredictionError(f"run {run_id}: its decoded run folder holds no GPT-NeoX log (*.log)")
-    return source_layout(parse_neox_log(logs[0]))
+    how = rebuilder(con, run_id)
+    return workload_layout(read_config(how)[0]) if isinstance(how, Path) else how.layout
 
 
 @contextmanager
@@ -155,23 +173,20 @@ def predict_layout(
 
     Raises:
         LayoutError: the model cannot run at ``target``. PredictionError, RunNotFoundError: see
-        ``source_job`` and ``predict_iteration``.
+        ``rebuilder`` and ``predict_iteration``.
     """
-    from tracecal.decode.consistency import misaligned_ops
     from tracecal.pipeline.ingest import ingest_folder_run
-    from tracecal.sources.gpumodeling25.rebuild.load import as_folder_run
 
-    folder = workload_run_dir(con, run_id)
-    if folder is not None:
-        return _predict_workload_layout(con, run_id, folder, target, mode, model, gpus, replay, work_dir)
-    job = source_job(con, run_id)
-    rebuilt, plan = rebuild_at(job, target, misaligned=misaligned_ops, gpus=gpus)
-    new_id = f"{run_id}@{plan.layout.text}"
+    how = rebuilder(con, run_id)
+    if isinstance(how, Path):
+        return _predict_workload_layout(con, run_id, how, target, mode, model, gpus, replay, work_dir)
+    rebuilt = how.rebuild(target, gpus=gpus)
+    new_id = f"{run_id}@{rebuilt.plan.layout.text}"
     with scratch_database(work_dir) as scratch:
-        ingest_folder_run(scratch, new_id, as_folder_run(rebuilt, job), DECODED_FORMAT, job)
+        ingest_folder_run(scratch, new_id, rebuilt.run, _stored_run(con, run_id)[1], rebuilt.folder)
         # one replay: the other one (``compare``) adds nothing a layout comparison reads
         _, pred = predict_stored_run(scratch, new_id, mode=mode, model=model, replay=replay, compare=False)
-    return summarise(run_id, plan, pred, rebuilt.notes)
+    return summarise(run_id, rebuilt.plan, pred, rebuilt.run.notes)
 
 
 def _predict_workload_layout(
@@ -214,7 +229,7 @@ def _predict_workload_layout(
     return summarise(run_id, plan, pred, plan.notes)
 
 
-def summarise(run_id: str, plan: Relayout | WorkloadRelayout, pred: Prediction, notes: list[str]) -> LayoutPrediction:
+def summarise(run_id: str, plan: LayoutPlan, pred: Prediction, notes: list[str]) -> LayoutPrediction:
     """The iteration, throughput, split, idle and gap shares and uncovered operators of a replay."""
     it = pred.components.filter(pl.col("component") == "iteration").sort("predicted_ns", descending=True)
     slow = it.row(0, named=True)

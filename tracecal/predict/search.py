@@ -14,12 +14,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import polars as pl
 
-from tracecal.errors import TracecalError
+from tracecal.errors import PredictionError, TracecalError
 from tracecal.predict.layouts import Layout, LayoutError, ModelFacts, check_layout
 from tracecal.predict.relayout_shapes import ModelDims
+from tracecal.sources.registry import relayout_formats
 
 FP16_BYTES = 2
 ZERO1_OPTIMIZER_BYTES = 12
@@ -186,20 +188,19 @@ def search_run(
 
     Raises:
         SearchError: no layout is valid (the reasons of each named). RunNotFoundError,
-        PredictionError: see ``relayout_run.source_job``.
+        PredictionError: see ``relayout_run.rebuilder``; a run of the reference workload is predicted at
+        one layout at a time (``predict --layout``).
     """
-    from tracecal.predict.layouts import TRANSFORMER_LAYER, partition, partition_rule
-    from tracecal.predict.relayout import model_dims, model_facts, source_layout
-    from tracecal.predict.relayout_run import predict_layout, source_job
-    from tracecal.sources.gpumodeling25.read.decoded_run import read_decoded_run
-    from tracecal.sources.gpumodeling25.read.neox_log import parse_neox_log
+    from tracecal.predict.relayout_run import predict_layout, rebuilder
 
-    job = source_job(con, run_id)
-    run = read_decoded_run(job)
-    log = parse_neox_log(run.log_path)
-    dims = model_dims(log, run)
-    facts = model_facts(log, dims)
-    src = source_layout(log)
+    run = rebuilder(con, run_id)
+    if isinstance(run, Path):
+        raise PredictionError(
+            f"run {run_id} is a run of the reference workload: search ranks the layouts of runs of "
+            f"{', '.join(relayout_formats())}; predict it at one layout at a time with `tracecal predict {run_id} "
+            "--layout PPxTPxDP`"
+        )
+    src = run.layout
     base = Layout(
         src.pp,
         src.tp,
@@ -208,16 +209,9 @@ def search_run(
         micro_batch_size=micro_batch_size or src.micro_batch_size,
         gpus_per_node=gpus_per_node or src.gpus_per_node,
     )
-    rule = partition_rule(log.stage_layers) or "uniform"
-    layers = [name for stage in log.stage_layers for name in stage]
-
-    def first_stage_layers(layout: Layout) -> int:
-        counts = [sum(TRANSFORMER_LAYER in n for n in s) for s in partition(layers, layout.pp, rule)]
-        if min(counts) < 1:
-            raise LayoutError(f"layout {layout.text}: the {rule} partition leaves a stage without a transformer layer")
-        return counts[0]
-
-    kept, rejected = valid_layouts(gpus, facts, dims, base, stage_layers=first_stage_layers, memory_bytes=memory_bytes)
+    kept, rejected = valid_layouts(
+        gpus, run.facts, run.dims, base, stage_layers=run.first_stage_layers, memory_bytes=memory_bytes
+    )
     if not kept:
         reasons = "; ".join(r.reason for r in rejected[:4])
         raise SearchError(f"no layout of {gpus} GPUs can run {run_id}'s model: {reasons}")

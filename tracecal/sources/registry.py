@@ -63,6 +63,10 @@ class Source:
         read_folder: ``"module:function"``, ``function(folder, layout) -> FolderRun``
             (``tracecal.ingest.trace``): the run's ranks, the layout it states, notes and the files read;
             ``layout`` is what discovery found (flags, run name), for values the folder does not state.
+        relayout: ``"module:callable"``, ``callable(folder) -> SourceRelayout``
+            (``tracecal.predict.relayout_source``), optional: one of this source's stored runs (its
+            ``run_folder``, or for a file source its stored path) as ``predict --layout`` and ``search``
+            rebuild it at other parallel layouts. None: its runs are not re-laid out.
     """
 
     name: str
@@ -74,6 +78,7 @@ class Source:
     parse: str | None = None
     folder: str | None = None
     read_folder: str | None = None
+    relayout: str | None = None
 
     def __post_init__(self) -> None:
         if bool(self.suffixes) != bool(self.parse) or bool(self.folder) != bool(self.read_folder):
@@ -103,6 +108,12 @@ class Source:
     def run_folder(self, path: Path) -> Path | None:
         """The folder this source reads a run at ``path`` from, or None (not one of its runs)."""
         return load(self.folder)(path) if self.folder else None
+
+    def stored_run_folder(self, stored_path: Path) -> Path | None:
+        """Where a stored run of this source is read again (``runs.source_path``): the run folder for a
+        folder source, else the stored path itself; None when it is no longer there."""
+        folder = self.run_folder(stored_path) if self.folder else stored_path
+        return folder if folder is not None and folder.exists() else None
 
     @property
     def file_patterns(self) -> tuple[str, ...]:
@@ -164,6 +175,11 @@ def source_of_file(path: Path) -> Source | None:
 def rank_file_patterns() -> tuple[str, ...]:
     """Every file source's patterns, for a message that says what was looked for."""
     return tuple(p for s in registered() for p in s.file_patterns)
+
+
+def relayout_formats() -> list[str]:
+    """The formats whose runs can be rebuilt at another parallel layout (``Source.relayout``)."""
+    return [s.name for s in registered() if s.relayout]
 
 
 def parser_modules() -> list[str]:

@@ -1,4 +1,5 @@
-"""A decoded GPT-NeoX run rebuilt at another parallel layout (pure, apart from reading the run folder).
+"""A decoded GPT-NeoX run rebuilt at another parallel layout: the GPUModeling25 source's relayout
+capability (``Source.relayout``, ``open_relayout``), pure apart from reading the run folder.
 
 The run's kernel tables (head, a middle stage, tail) are the model's operators at the traced layout.
 For a target layout ``PP'×TP'×DP'`` (and micro-batch count and size) they are re-derived, not scaled:
@@ -21,6 +22,9 @@ Durations: a row whose shape changed keeps its traced duration times the work ra
 a transformer layer is taken to split like the layer (× TP/TP' × b'/b), and one in the optimizer step
 like the ZeRO partition. CPU-side gaps stay as traced, per kernel position (the true mean gap before
 it). Everything is documented in ``docs/what-if.md``.
+
+It uses ``tracecal.predict``'s layout rules and shape maps, so it sits above predict (with ``validate``
+and ``samples``); predict reaches it through the registry only (``predict.relayout_run``).
 """
 
 from __future__ import annotations
@@ -28,11 +32,13 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from tracecal.decode.consistency import misaligned_ops
 from tracecal.errors import PredictionError
 from tracecal.predict.layouts import (
     TRANSFORMER_LAYER,
@@ -44,9 +50,11 @@ from tracecal.predict.layouts import (
     partition_rule,
 )
 from tracecal.predict.relayout_shapes import ModelDims, ShapeMap, rewrite_dims_text, shape_map, work_ratio
+from tracecal.predict.relayout_source import RebuiltLayout
 from tracecal.sources.gpumodeling25.read.decoded_run import POSITIONS, DecodedRun, occurrences, read_decoded_run
 from tracecal.sources.gpumodeling25.read.neox_log import NeoxLog, parse_neox_log
 from tracecal.sources.gpumodeling25.read.tables import NEOX_LOG_KEY
+from tracecal.sources.gpumodeling25.rebuild.load import as_folder_run
 from tracecal.sources.gpumodeling25.rebuild.reconstruct import (
     LAYER_FUNCTIONS,
     SMALL_ALLREDUCE_ELEMENTS,
@@ -467,7 +475,13 @@ def rebuild_at(
         LayoutError, PredictionError: see ``relayout``; InputNotFoundError, TraceFormatError: the folder.
     """
     run = read_decoded_run(job_dir)
-    log = parse_neox_log(run.log_path)
+    return rebuild_run_at(run, parse_neox_log(run.log_path), target, misaligned=misaligned, gpus=gpus)
+
+
+def rebuild_run_at(
+    run: DecodedRun, log: NeoxLog, target: Layout, *, misaligned: MisalignedFn | None = None, gpus: int | None = None
+) -> tuple[RebuiltRun, Relayout]:
+    """``rebuild_at`` of a run folder already read."""
     plan = relayout(run, log, target, gpus=gpus)
     rebuilt = reconstruct(plan.run, plan.log, misaligned)
     shape = RunShape.from_log(plan.log)
@@ -485,3 +499,48 @@ def rebuild_at(
         "reconstruction": {"stage_span_ns": rebuilt.stage_span_ns, "notes": rebuilt.notes},
     }
     return RebuiltRun(rebuilt.ranks, layout, metadata, [*plan.notes, *rebuilt.notes]), plan
+
+
+class DecodedRelayout:
+    """The GPUModeling25 source's ``relayout`` (``predict.relayout_source.SourceRelayout``): the decoded run
+    in ``job_dir`` (what ``decoded_job_dir`` finds at the run's stored path) as the layout what-if rebuilds
+    it. The log is read when first asked for, the kernel tables when the model's sizes or a rebuild need
+    them."""
+
+    def __init__(self, job_dir: Path) -> None:
+        self.job_dir = job_dir
+
+    @cached_property
+    def run(self) -> DecodedRun:
+        return read_decoded_run(self.job_dir)
+
+    @cached_property
+    def log(self) -> NeoxLog:
+        logs = sorted(self.job_dir.glob("*.log"))
+        if not logs:
+            raise PredictionError(f"{self.job_dir}: the decoded run folder holds no GPT-NeoX log (*.log)")
+        return parse_neox_log(logs[0])
+
+    @property
+    def layout(self) -> Layout:
+        return source_layout(self.log)
+
+    @cached_property
+    def dims(self) -> ModelDims:
+        return model_dims(self.log, self.run)
+
+    @property
+    def facts(self) -> ModelFacts:
+        return model_facts(self.log, self.dims)
+
+    def first_stage_layers(self, layout: Layout) -> int:
+        rule = partition_rule(self.log.stage_layers) or "uniform"
+        layers = [name for stage in self.log.stage_layers for name in stage]
+        counts = [sum(TRANSFORMER_LAYER in n for n in s) for s in partition(layers, layout.pp, rule)]
+        if min(counts) < 1:
+            raise LayoutError(f"layout {layout.text}: the {rule} partition leaves a stage without a transformer layer")
+        return counts[0]
+
+    def rebuild(self, target: Layout, *, gpus: int | None = None) -> RebuiltLayout:
+        rebuilt, plan = rebuild_run_at(self.run, self.log, target, misaligned=misaligned_ops, gpus=gpus)
+        return RebuiltLayout(as_folder_run(rebuilt, self.job_dir), plan, self.job_dir)
