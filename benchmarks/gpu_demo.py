@@ -30,10 +30,10 @@ from pathlib import Path
 
 import polars as pl
 
-from tracecal.api.demo import COMPUTE_COMPONENTS
+from tracecal.api.demo import COMPUTE_COMPONENTS, headline_score
 from tracecal.errors import TracecalError
 from tracecal.sql.connection import open_database, query_arrow
-from tracecal.sql.gpu_busy import GPU_BOUND_SHARE, gpu_busy, is_gpu_bound
+from tracecal.sql.gpu_busy import GPU_BOUND_SHARE, gpu_busy
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -107,8 +107,8 @@ def busy_lines(db: Path) -> list[str]:
     if not busy:
         return [*lines, "GPU busy: no GPU activity (a CPU run): the headline is the iteration error"]
     lines += [f"GPU busy rank {b.rank}: {100 * b.busy_share:.1f} % of iteration {b.iteration}" for b in busy]
-    bound = is_gpu_bound({b.rank: b.busy_share for b in busy}.get(slowest, 0.0))
-    headline = "the iteration error" if bound else "the compute components"
+    score = headline_score({b.rank: b.busy_share for b in busy}.get(slowest, 0.0))
+    headline = "the iteration error" if score == "iteration" else "the compute components"
     rule = f"slowest rank {slowest}, GPU-bound at >= {100 * GPU_BOUND_SHARE:.0f} % busy"
     return [*lines, f"headline ({rule}): {headline}"]
 

@@ -146,13 +146,22 @@ def test_gpu_busy_share_tells_the_cpu_bound_demo_from_the_gpu_bound_gpt(h200_db:
 
 
 def test_the_iteration_is_the_headline_only_when_the_gpu_was_busy() -> None:
+    from tracecal.api.demo import Headline, headline_score
     from tracecal.cli.demo import headline_lines
 
-    comps = {"compute_fwd": 42.0, "compute_bwd": 160.4, "optimizer": None}
-    busy = headline_lines(0.961, 0, "dependency", 7.74, comps)
+    assert [headline_score(s) for s in (0.961, None, 0.080)] == ["iteration", "iteration", "components"]  # None: CPU
+
+    def headline(busy_share: float | None, error_pct: float) -> Headline:
+        comps = {"compute_fwd": 42.0, "compute_bwd": 160.4, "optimizer": None}
+        return Headline(
+            score=headline_score(busy_share), rank=0, replay="dependency", iteration_error_pct=error_pct,
+            measured_ms=1.0, predicted_ms=1.0, fitted_error_pct=None, model_share=1.0, busy_share=busy_share,
+            components=comps,
+        )  # fmt: skip
+
+    busy = headline_lines(headline(0.961, 7.74))
     assert busy == ["overall iteration error (slowest rank 0, dependency replay): +7.74 %"]
-    assert headline_lines(None, 1, "dependency", -2.0, comps)[0].startswith("overall iteration error")  # CPU run
-    first, second = headline_lines(0.080, 0, "dependency", 0.02, comps)
+    first, second = headline_lines(headline(0.080, 0.02))
     assert (
         first == "compute components (slowest rank 0, dependency replay): compute_fwd +42.00 %, compute_bwd +160.40 %"
     )

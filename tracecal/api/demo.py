@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tracecal.errors import CalibrationError, SampleError, WorkloadError
 
@@ -113,12 +113,26 @@ class Calibrated:
     skipped: str | None
 
 
+HeadlineScore = Literal["iteration", "components"]
+"""Which score heads the demo's result (``headline_score``)."""
+
+
+def headline_score(busy_share: float | None) -> HeadlineScore:
+    """The iteration error heads the result when the rank's GPU was busy (``sql.gpu_busy.is_gpu_bound``)
+    or the run has no GPU (``busy_share`` None: a CPU trace's operators are the compute). Otherwise the
+    iteration time is the host launching kernels, not a test of the models, and the errors of
+    ``COMPUTE_COMPONENTS`` head it."""
+    from tracecal.sql.gpu_busy import is_gpu_bound
+
+    return "iteration" if busy_share is None or is_gpu_bound(busy_share) else "components"
+
+
 @dataclass(frozen=True)
 class Headline:
-    """The demo's score on the slowest rank. The iteration error is the headline when the rank's GPU
-    was busy (``sql.gpu_busy.is_gpu_bound``) or the run has no GPU (``busy_share`` None); otherwise
-    the errors of ``COMPUTE_COMPONENTS`` (None where not predicted)."""
+    """The demo's score on the slowest rank: ``score`` says which heads it (``headline_score``), the
+    iteration error or the errors of ``COMPUTE_COMPONENTS`` (``components``, None where not predicted)."""
 
+    score: HeadlineScore
     rank: int
     replay: str
     iteration_error_pct: float
@@ -403,7 +417,9 @@ def _headline(predicted: Prediction, busy: dict[int, float]) -> Headline:
         fitted_error = fitted.iteration_error().filter(pl.col("rank") == it["rank"]).row(0, named=True)["error_pct"]
     rank_comps = predicted.components.filter(pl.col("rank") == it["rank"])
     errors = dict(zip(rank_comps["component"].to_list(), rank_comps["error_pct"].to_list(), strict=True))
+    busy_share = busy.get(it["rank"])
     return Headline(
+        score=headline_score(busy_share),
         rank=it["rank"],
         replay=predicted.replay,
         iteration_error_pct=it["error_pct"],
@@ -411,6 +427,6 @@ def _headline(predicted: Prediction, busy: dict[int, float]) -> Headline:
         predicted_ms=it["predicted_ns"] / 1e6,
         fitted_error_pct=fitted_error,
         model_share=predicted.coverage["all"],
-        busy_share=busy.get(it["rank"]),
+        busy_share=busy_share,
         components={c: errors.get(c) for c in COMPUTE_COMPONENTS if c in errors},
     )

@@ -167,23 +167,18 @@ def _calibrated(r: Calibrated) -> None:
     )
 
 
-def headline_lines(
-    busy_share: float | None, rank: int, replay: str, iteration_error_pct: float, components: dict[str, float | None]
-) -> list[str]:
-    """The demo's score, headline first. The iteration error is the headline when the rank's GPU was
-    busy (``is_gpu_bound``) or the run has no GPU (``busy_share`` None: a CPU trace's operators are
-    the compute). Otherwise the iteration time is the host launching kernels, and the headline is the
-    errors of the compute ``components`` (component -> error %, None when not predicted)."""
-    from tracecal.sql.gpu_busy import GPU_BOUND_SHARE, is_gpu_bound
+def headline_lines(h: Headline) -> list[str]:
+    """The demo's score in words, headline first (the API's ``Headline.score`` says which)."""
+    from tracecal.sql.gpu_busy import GPU_BOUND_SHARE
 
-    iteration = f"overall iteration error (slowest rank {rank}, {replay} replay): {iteration_error_pct:+.2f} %"
-    if busy_share is None or is_gpu_bound(busy_share):
+    iteration = f"overall iteration error (slowest rank {h.rank}, {h.replay} replay): {h.iteration_error_pct:+.2f} %"
+    if h.score == "iteration":
         return [iteration]
-    parts = ", ".join(f"{c} {e:+.2f} %" for c, e in components.items() if e is not None) or "none predicted"
+    parts = ", ".join(f"{c} {e:+.2f} %" for c, e in h.components.items() if e is not None) or "none predicted"
     return [
-        f"compute components (slowest rank {rank}, {replay} replay): {parts}",
-        f"the GPU was busy {100 * busy_share:.1f} % of the iteration (< {100 * GPU_BOUND_SHARE:.0f} %): its time is "
-        f"the host launching kernels, not a test of the models; {iteration}",
+        f"compute components (slowest rank {h.rank}, {h.replay} replay): {parts}",
+        f"the GPU was busy {100 * (h.busy_share or 0.0):.1f} % of the iteration (< {100 * GPU_BOUND_SHARE:.0f} %): "
+        f"its time is the host launching kernels, not a test of the models; {iteration}",
     ]
 
 
@@ -224,7 +219,7 @@ def _predicted(r: Predicted) -> None:
 
 
 def _print_headline(h: Headline) -> None:
-    first, *rest = headline_lines(h.busy_share, h.rank, h.replay, h.iteration_error_pct, h.components)
+    first, *rest = headline_lines(h)
     stdout.print(f"[bold]{first}[/]", highlight=False)
     for text in rest:
         stdout.print(text, highlight=False)
