@@ -10,10 +10,10 @@ uncompressed JSON file of at least the size, made in a temporary directory under
 after its case (nothing is kept). Every case runs in a fresh Python process, imports untimed; CPU
 seconds and peak RSS come from the kernel's accounting (``ingest_vs_hta._Usage``):
 
-- ``parse + load``: ``parse_kineto_file`` (streamed, its events spilled to Parquet, as an ingest does
-  with a rank this large) and the events ``INSERT`` of that file into a new database, committed;
+- ``parse``: ``parse_kineto_file`` (streamed, its events spilled to the Parquet file that the event
+  store keeps, as an ingest does with a rank this large);
 - ``with decode``: the whole ingest of the rank, ``ingest_runs`` with one worker into a new database
-  (what ``trace-ingest -j1`` runs: parse, load, decode, commit);
+  (what ``trace-ingest -j1`` runs: parse, store the events, decode, commit);
 - ``HTA``: ``hta.trace_analysis.TraceAnalysis(trace_dir=...)`` on a directory holding the file, for
   the sizes of ``--hta-sizes``;
 - the workers run: ``--ranks`` links to one ``--rank-gb`` GB file without ``distributedInfo`` (ranks from
@@ -125,49 +125,28 @@ def _copied(event: dict[str, Any], copy: int, shift: float, strides: dict[str, i
 # --- the cases, each in a fresh process ----------------------------------------------------------------
 
 
-def _measure_parse_load(path: Path) -> dict[str, Any]:
-    """Parse one rank with a spill directory and insert its events into a new database, committed."""
-    import pyarrow as pa
-
-    from tracecal.config import resolve_cache_dir
+def _measure_parse(path: Path) -> dict[str, Any]:
+    """Parse one rank with a spill directory (its events streamed into a Parquet file, as an ingest
+    does with a rank this large: the file the event store keeps)."""
     from tracecal.ingest.trace import EventsFile
-    from tracecal.pipeline.ingest import INGEST_THREADS
     from tracecal.sources.kineto.parser import parse_kineto_file
-    from tracecal.sql.connection import open_database
-    from tracecal.sql.loaders import insert_events, insert_events_file
 
     with tempfile.TemporaryDirectory(prefix="tracecal-scale-", dir=path.parent) as tmp:
         usage = _Usage()
         started = time.perf_counter()
         parsed = parse_kineto_file(path, Path(tmp))
-        parse_cpu, parse_wall = usage.cpu_seconds(), time.perf_counter() - started
-        with open_database(Path(tmp) / "bench.duckdb", cache_dir=resolve_cache_dir(), threads=INGEST_THREADS) as con:
-            con.execute("BEGIN TRANSACTION")
-            if isinstance(parsed.events, EventsFile):
-                rows = parsed.events.rows
-                insert_events_file(con, parsed.events.path, "bench", 0)
-            else:
-                events, rows = parsed.events, parsed.events.num_rows
-                for name, column in (
-                    ("run_id", pa.repeat("bench", rows)),
-                    ("rank", pa.repeat(pa.scalar(0, pa.int32()), rows)),
-                ):
-                    events = events.set_column(events.schema.get_field_index(name), name, column)
-                insert_events(con, events)
-            con.execute("COMMIT")
+        events = parsed.events
         return {
-            "events": rows,
+            "events": events.rows if isinstance(events, EventsFile) else events.num_rows,
             "cpu": usage.cpu_seconds(),
             "wall": time.perf_counter() - started,
-            "parse_cpu": parse_cpu,
-            "parse_wall": parse_wall,
             "rss": usage.main_peak(),
         }
 
 
 def _child(case: str, path: Path) -> None:
-    if case == "parse-load":
-        result = _measure_parse_load(path)
+    if case == "parse":
+        result = _measure_parse(path)
     elif case == "hta":
         result = _measure_hta(path, one_process=False)
     else:  # ingest-jN or ingest-jN-dask
@@ -196,7 +175,7 @@ def _peak(r: dict[str, Any]) -> float:
 
 def sizes_table(sizes: list[float], hta_sizes: list[float], source: Path, tmp: Path) -> None:
     print(
-        f"{'rank':>8s} {'events':>11s} | {'parse':>10s} | {'parse + load':>12s} {'MB/s/CPU-s':>10s} {'peak RSS':>8s} | "
+        f"{'rank':>8s} {'events':>11s} | {'parse':>10s} {'MB/s/CPU-s':>10s} {'peak RSS':>8s} | "
         f"{'with decode':>11s} {'MB/s/CPU-s':>10s} {'vs 1st':>6s} {'÷ parse':>7s} {'peak RSS':>8s} {'wall s':>7s} "
         f"{'load':>5s}"
     )
@@ -209,17 +188,17 @@ def sizes_table(sizes: list[float], hta_sizes: list[float], source: Path, tmp: P
         size = make_rank_file(source, size_gb, path)
         mb = size / 1e6
         load_average = os.getloadavg()[0]
-        load = _run_child("parse-load", path)
+        parse = _run_child("parse", path)
         whole = _run_child("ingest-j1", path)
-        for label, r in (("parse + load", load), ("with decode", whole)):
+        for label, r in (("parse", parse), ("with decode", whole)):
             if "failed" in r:
                 sys.exit(f"{label} of the {size / 1e9:.2f} GB rank failed: {r['failed']}")
         rate = mb / whole["cpu"]
         base = base or rate
-        parse_rate = mb / load["parse_cpu"]
+        parse_rate = mb / parse["cpu"]
         print(
-            f"{size / 1e9:5.2f} GB {load['events']:>11,} | {parse_rate:10.1f} | {load['cpu']:10.1f} s "
-            f"{mb / load['cpu']:10.1f} {_peak(load):5.2f} GB | {whole['cpu']:9.1f} s {rate:10.1f} "
+            f"{size / 1e9:5.2f} GB {parse['events']:>11,} | {parse['cpu']:8.1f} s "
+            f"{parse_rate:10.1f} {_peak(parse):5.2f} GB | {whole['cpu']:9.1f} s {rate:10.1f} "
             f"{100 * (rate / base - 1):+5.0f}% {rate / parse_rate:7.2f} {_peak(whole):5.2f} GB {whole['wall']:7.1f} "
             f"{load_average:5.1f}",
             flush=True,
@@ -231,19 +210,20 @@ def sizes_table(sizes: list[float], hta_sizes: list[float], source: Path, tmp: P
             else:
                 hta_lines.append(
                     f"{size / 1e9:5.2f} GB {h['events']:>11,} | {h['cpu']:8.1f} s {mb / h['cpu']:10.1f} "
-                    f"{_peak(h):5.2f} GB | {h['cpu'] / load['cpu']:8.1f}x {h['cpu'] / whole['cpu']:10.1f}x "
+                    f"{_peak(h):5.2f} GB | {h['cpu'] / parse['cpu']:8.1f}x {h['cpu'] / whole['cpu']:10.1f}x "
                     f"{_peak(h) / _peak(whole):9.1f}x"
                 )
         shutil.rmtree(run)
     print(
-        "MB/s/CPU-s: MB of JSON per CPU-second (every process); parse: the parse alone, MB/s per CPU-second;\n"
-        "peak RSS: the largest process; with decode: the whole ingest (parse, load, decode, commit); vs 1st: its\n"
+        "MB/s/CPU-s: MB of JSON per CPU-second (every process); parse: the parse alone (its events spilled to\n"
+        "the Parquet file the event store keeps); peak RSS: the largest process; with decode: the whole ingest\n"
+        "(parse, store, decode, commit); vs 1st: its\n"
         "MB/s per CPU-second against the first size; ÷ parse: against the parse alone; load: load average before"
     )
     if hta_lines:
         print(
             f"\n{'rank':>8s} {'HTA rows':>11s} | {'HTA CPU':>10s} {'MB/s/CPU-s':>10s} {'peak RSS':>8s} | "
-            f"{'HTA CPU ÷ parse + load':>22s} {'÷ with decode':>13s} {'RSS ÷ ours':>10s}"
+            f"{'HTA CPU ÷ parse':>15s} {'÷ with decode':>13s} {'RSS ÷ ours':>10s}"
         )
         print("\n".join(hta_lines))
         print("HTA: TraceAnalysis(trace_dir=...) on the same file, its rows the DataFrame's (every event kept)")

@@ -128,15 +128,15 @@ def _measure_tracecal(run: Path, workers: int, dask: str | None = None) -> dict[
         return decode_stored_run(*args, **kwargs)
 
     pipeline_ingest.decode_stored_run = mark_then_decode
-    flush = pipeline_ingest._StoredRanks.flush
-    inserting = [0.0]  # wall seconds in the events INSERTs from Arrow: work only this process does
+    keep = pipeline_ingest._StoredRanks._keep
+    storing = [0.0]  # wall seconds putting the ranks' events in the event store: work only this process does
 
-    def timed_flush(self: Any) -> None:
+    def timed_keep(self: Any, *args: Any) -> None:
         at = time.perf_counter()
-        flush(self)
-        inserting[0] += time.perf_counter() - at
+        keep(self, *args)
+        storing[0] += time.perf_counter() - at
 
-    pipeline_ingest._StoredRanks.flush = timed_flush  # type: ignore[method-assign]
+    pipeline_ingest._StoredRanks._keep = timed_keep  # type: ignore[method-assign]
     options = pipeline_ingest.IngestOptions(workers=workers, dask=dask)
     with tempfile.TemporaryDirectory() as tmp:
         database = Path(tmp) / "bench.duckdb"
@@ -150,7 +150,7 @@ def _measure_tracecal(run: Path, workers: int, dask: str | None = None) -> dict[
     return {
         "wall": wall,
         "load": result.load_seconds,
-        "insert": inserting[0],
+        "store": storing[0],
         "decode": result.decode_seconds,
         "events": result.events,
         "ranks": result.ranks,
@@ -368,14 +368,14 @@ def compare(paths: list[Path], with_hta: bool, repeat: int = 1) -> None:
             print(f"{path.name[:30]:30s} {case:11s} failed: {failure[:110]}")
         if "tracecal-j2" in results:
             j1, j2 = results["tracecal-j1"]["load"], results["tracecal-j2"]["load"]
-            inserts = results["tracecal-j1"]["insert"]
+            storing = results["tracecal-j1"]["store"]
             m1, m2 = results["tracecal-j1"]["median_load"], results["tracecal-j2"]["median_load"]
             b1, b2 = results["tracecal-j1"]["min_load"], results["tracecal-j2"]["min_load"]
             print(
                 f"{'':30s} parse + load speed-up from 1 to 2 workers: {j1 / j2:.2f}x (least-CPU runs), "
                 f"{b1 / b2:.2f}x (best wall of {repeat}: {b1:.2f} s -> {b2:.2f} s), "
-                f"{m1 / m2:.2f}x (median wall: {m1:.2f} s -> {m2:.2f} s)\n{'':30s} the events INSERTs take "
-                f"{1000 * inserts:.0f} of the least-CPU -j1 run's {1000 * j1:.0f} ms (only this process inserts; "
+                f"{m1 / m2:.2f}x (median wall: {m1:.2f} s -> {m2:.2f} s)\n{'':30s} storing the events takes "
+                f"{1000 * storing:.0f} of the least-CPU -j1 run's {1000 * j1:.0f} ms (only this process stores; "
                 f"with two workers, while the helper parses)\n{'':30s} on this machine now, "
                 f"2 processes instead of 1: pure-Python CPU work {machine_ceiling():.2f}x, parsing these files "
                 f"(no database) {parse_ceiling(files):.2f}x"

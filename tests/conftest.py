@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -51,6 +50,7 @@ def ingested_copy(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
     its copy cannot change another's, and no run is ingested twice."""
     from tracecal.pipeline.ingest import IngestOptions, ingest_runs
     from tracecal.sql.connection import open_database
+    from tracecal.sql.event_store import copy_database
 
     made: dict[tuple[tuple[Path, ...], str | None], Path] = {}
 
@@ -62,8 +62,7 @@ def ingested_copy(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Pat
                 ingest_runs(con, list(runs), IngestOptions(cluster=cluster, workers=1))
             made[key] = db
         target = tmp_path_factory.mktemp("ingested_copy") / f"{runs[0].name}.duckdb"
-        shutil.copyfile(made[key], target)
-        return target
+        return copy_database(made[key], target)
 
     return copy
 

@@ -22,6 +22,7 @@ from tracecal.cli.main import app
 from tracecal.config import model_store_dir
 from tracecal.errors import CalibrationError
 from tracecal.sql.connection import open_database
+from tracecal.sql.event_store import copy_database
 
 COMPUTE = GPUMODELING25 / "samples" / "perlmutter_a100_compute"
 NCCL = GPUMODELING25 / "samples" / "perlmutter_a100_nccl"
@@ -140,8 +141,7 @@ def test_direction_follows_the_operator_not_the_phase() -> None:
 
 @pytest.mark.slow
 def test_load_refuses_incompatible_or_tampered_artifacts(calibrated: dict[str, Path], tmp_path: Path) -> None:
-    db = tmp_path / "copy.duckdb"
-    shutil.copy(calibrated["db"], db)
+    db = copy_database(calibrated["db"], tmp_path / "copy.duckdb")
     shutil.copytree(model_store_dir(calibrated["db"]), model_store_dir(db))
     store = model_store_dir(db)
     for path in sorted(store.rglob("meta.json")):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import duckdb
 import polars as pl
 import pytest
 
@@ -93,7 +92,7 @@ def test_every_llama_stage_gathers_the_same_tensor_parallel_message(tmp_path: Pa
     path = tmp_path / "llama.duckdb"
     with open_database(path) as con:
         ingest_runs(con, [LLAMA], IngestOptions(cluster="perlmutter", workers=1))
-    with duckdb.connect(str(path), read_only=True) as con:
+    with open_database(Path(path), read_only=True) as con:
         sizes = con.execute(
             "SELECT rank, list(DISTINCT size_bytes), count(*) FILTER (WHERE size_bytes IS NULL) "
             "FROM collectives WHERE name = 'all_gather' AND role = 'tp' AND group_size = 8 GROUP BY rank ORDER BY rank"
@@ -112,7 +111,7 @@ def test_kineto_all_gather_is_the_output_its_call_states(tmp_path: Path) -> None
     path = tmp_path / "k.duckdb"
     with open_database(path) as con:
         ingest_runs(con, [KINETO / "sampled_2_of_128"], IngestOptions(workers=1))
-    with duckdb.connect(str(path), read_only=True) as con:
+    with open_database(Path(path), read_only=True) as con:
         rows = con.execute(
             "SELECT DISTINCT size_bytes, group_size FROM collectives WHERE name = 'all_gather'"
         ).fetchall()

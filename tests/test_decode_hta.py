@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import duckdb
 import pytest
 from conftest import KINETO
 
@@ -46,7 +45,7 @@ def test_temporal_breakdown_iterations_and_nccl_kernels_agree_with_hta(run_id: s
     db = tmp_path / "t.duckdb"
     with open_database(db) as con:
         ingest_runs(con, [path], IngestOptions(workers=2))
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         ours = {
             r[0]: r[1:]
             for r in con.execute(

@@ -43,7 +43,7 @@ def dlrm_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def q(db: Path, sql: str, params: list | None = None) -> list[tuple]:
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         return con.execute(sql, params or []).fetchall()
 
 

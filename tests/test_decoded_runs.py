@@ -10,7 +10,6 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-import duckdb
 import pytest
 from typer.testing import CliRunner
 
@@ -61,7 +60,7 @@ def llemma_db(ingested_copy: Callable[..., Path]) -> Path:
 
 def test_layout_comes_from_the_log(llemma_db: Path) -> None:
     log = parse_neox_log(next((LLEMMA / "31664313").glob("*.log")))
-    with duckdb.connect(str(llemma_db), read_only=True) as con:
+    with open_database(Path(llemma_db), read_only=True) as con:
         row = con.execute("SELECT format, pp, tp, dp, world_size, layout_source FROM runs").fetchone()
         ranks = [r[0] for r in con.execute("SELECT rank FROM ranks ORDER BY rank").fetchall()]
     assert row == ("gpumodeling25", log.pipe_parallel_size, log.model_parallel_size, log.data_parallel_size, 16, "log")
@@ -72,7 +71,7 @@ def test_layout_comes_from_the_log(llemma_db: Path) -> None:
 def test_rebuilt_iteration_against_the_log(llemma_db: Path) -> None:
     log = parse_neox_log(next((LLEMMA / "31664313").glob("*.log")))
     m = log.gradient_accumulation_steps
-    with duckdb.connect(str(llemma_db), read_only=True) as con:
+    with open_database(Path(llemma_db), read_only=True) as con:
         forwards = dict(
             con.execute(
                 "SELECT rank, count(*) FROM events WHERE name LIKE '%pipe/module.py: forward' GROUP BY 1"
@@ -143,7 +142,7 @@ def test_a_missing_rank_table_is_one_line_and_writes_nothing(tmp_path: Path) -> 
     db = tmp_path / "bad.duckdb"
     with open_database(db) as con, pytest.raises(InputNotFoundError, match=r"bwd\.csv"):
         ingest_runs(con, [run])
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
     out = runner.invoke(app, ["ingest", str(run), "--db", str(tmp_path / "cli.duckdb")])
     assert out.exit_code == 2  # a user error: one line on stderr, no traceback
@@ -182,12 +181,12 @@ def test_a_decoded_run_names_every_missing_part(tmp_path: Path, remove: list[str
     message = str(caught.value)
     assert "\n" not in message and str(job) in message and "missing:" in message
     assert all(part in message for part in named), message
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
 
 
 def _collective_sizes(db: Path, run_id: str) -> list[tuple]:
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         return con.execute(
             "SELECT rank, name, role, size_bytes, count(*) FROM collectives WHERE run_id = ? GROUP BY ALL ORDER BY ALL",
             [run_id],
@@ -251,13 +250,13 @@ def test_without_best_batch_statistics_sends_come_from_the_measured_span(llemma_
             "SELECT max(size_bytes), count(*), count(match_id) FROM collectives WHERE name = 'send'"
         ).fetchone()
     assert any("no best_batch_statistics/" in w and "pp_p2p" in w for w in report.runs[0].warnings)
-    with duckdb.connect(str(llemma_db), read_only=True) as con:
+    with open_database(Path(llemma_db), read_only=True) as con:
         largest = con.execute("SELECT max(size_bytes) FROM collectives WHERE name = 'send'").fetchone()[0]
     assert sends[0] == largest and sends[1] == sends[2] > 0  # every send matched with its receive
 
 
 def test_metadata_keeps_the_published_measurements(llemma_db: Path) -> None:
-    with duckdb.connect(str(llemma_db), read_only=True) as con:
+    with open_database(Path(llemma_db), read_only=True) as con:
         meta = json.loads(con.execute("SELECT metadata_json FROM runs").fetchone()[0])
     assert meta["best_batch_module_times"]["average"]["update"] == [9574937.0, 9575284.0, 9575449.0]
     assert "1F1B_max_optimizer" in meta["published_compares"]

@@ -6,7 +6,6 @@ import json
 import shutil
 from pathlib import Path
 
-import duckdb
 import pytest
 
 from tests.conftest import GPUMODELING25, KINETO
@@ -179,7 +178,7 @@ def test_ranks_from_paths_and_missing_ranks_in_the_database(tmp_path: Path, db_p
         report = ingest_runs(con, [run], IngestOptions(workers=1))
     (summary,) = report.runs
     assert summary.world_size == 2 and summary.missing_ranks == (1,)
-    with duckdb.connect(str(db_path), read_only=True) as con:
+    with open_database(Path(db_path), read_only=True) as con:
         assert con.execute("SELECT rank, rank_source FROM ranks ORDER BY 1").fetchall() == [(0, "path"), (2, "path")]
 
 

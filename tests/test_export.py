@@ -11,7 +11,6 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import polars as pl
 import pyarrow as pa
@@ -66,7 +65,7 @@ def _differences(db: Path, a: str, b: str, *, iteration: int | None = None, ops:
         "matches": MATCHES.format(t="collectives", w=where + " AND match_id IS NOT NULL"),
     }
     out = {}
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         for name, q in queries.items():
             rows = con.execute(f"SELECT count(*) FROM ({q})", [a]).fetchall()[0][0]
             left = con.execute(f"SELECT count(*) FROM ({q} EXCEPT ALL {q})", [a, b]).fetchall()[0][0]

@@ -61,7 +61,7 @@ def shared_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("trace", SHARED_FILES, ids=lambda p: p.name.split(".")[0])
 def test_every_shared_trace_matches_an_independent_reading(shared_db: Path, trace: Path) -> None:
     expected = _expected(trace)
-    with duckdb.connect(str(shared_db), read_only=True) as con:
+    with open_database(Path(shared_db), read_only=True) as con:
         (rank,) = con.execute("SELECT rank FROM ranks WHERE file = ?", [str(trace.resolve())]).fetchone()
         run_id, file_rank = con.execute(
             "SELECT run_id, rank FROM ranks WHERE file = ?", [str(trace.resolve())]
@@ -96,7 +96,7 @@ def test_trace_ingest_dlrm_gives_eight_ranks(db_path: Path, monkeypatch: pytest.
     assert result.exit_code == 0, result.output
     assert threads == [pipeline_ingest.INGEST_THREADS]  # the command's connection is opened with it
     assert "dlrm_8rank" in result.output
-    with duckdb.connect(str(db_path), read_only=True) as con:
+    with open_database(Path(db_path), read_only=True) as con:
         ranks = [r for (r,) in con.execute("SELECT rank FROM ranks WHERE run_id = 'dlrm_8rank' ORDER BY 1").fetchall()]
         world, found, fmt = con.execute("SELECT world_size, ranks_found, format FROM runs").fetchone()
         kernels = con.execute("SELECT sum(kernels) FROM ranks").fetchone()[0]
@@ -107,7 +107,7 @@ def test_trace_ingest_dlrm_gives_eight_ranks(db_path: Path, monkeypatch: pytest.
 
 
 def _table_counts(path: Path) -> dict[str, int]:
-    with duckdb.connect(str(path), read_only=True) as con:
+    with open_database(Path(path), read_only=True) as con:
         return {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in ("runs", "ranks", "events")}
 
 
@@ -136,20 +136,14 @@ def test_reingest_replaces_rows_the_runs_table_no_longer_lists(db_path: Path) ->
     assert _table_counts(db_path) == once
 
 
-def test_batched_and_per_rank_inserts_store_the_same_rows(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """dlrm's 8 ranks go in one INSERT by default; one INSERT per rank stores the same rows, and the
-    connection's thread setting (one thread while inserting) is restored."""
-    query = "SELECT * EXCLUDE (run_id) FROM events ORDER BY rank, event_id"
-    tables = []
-    for batch_rows in (pipeline_ingest.INSERT_BATCH_ROWS, 1):
-        monkeypatch.setattr(pipeline_ingest, "INSERT_BATCH_ROWS", batch_rows)
-        with open_database(tmp_path / f"b{batch_rows}.duckdb") as con:
-            con.execute("SET threads = 2")
-            ingest_runs(con, [KINETO / "dlrm_8rank"], IngestOptions(workers=1))
-            tables.append(con.execute(query).fetchall())
-            assert con.execute("SELECT current_setting('threads')").fetchall() == [(2,)]
-    assert len(tables[0]) == 19_789
-    assert tables[0] == tables[1]
+def test_an_ingest_restores_the_connections_thread_setting(tmp_path: Path) -> None:
+    """A large rank's decode inserts run on one thread (``OneThreadForLargeInserts``); the caller's
+    setting is back once the run is stored."""
+    with open_database(tmp_path / "threads.duckdb") as con:
+        con.execute("SET threads = 2")
+        ingest_runs(con, [KINETO / "dlrm_8rank"], IngestOptions(workers=1))
+        assert con.execute("SELECT count(*) FROM events").fetchall() == [(19_789,)]
+        assert con.execute("SELECT current_setting('threads')").fetchall() == [(2,)]
 
 
 def test_many_runs_per_database_and_run_id(db_path: Path) -> None:
@@ -177,7 +171,7 @@ def test_parallel_and_serial_ingest_store_the_same_rows(tmp_path: Path, monkeypa
 
 def test_2021_schema_fields(shared_db: Path) -> None:
     """2021 traces: string thread ids, "stream 7" GPU rows, lowercase ``Input dims``/``external id``."""
-    with duckdb.connect(str(shared_db), read_only=True) as con:
+    with open_database(Path(shared_db), read_only=True) as con:
         run = "v100_resnet50_2021_schema"
         tids = con.execute(
             "SELECT count(*) FILTER (WHERE tid IS NULL), count(*) FROM events WHERE run_id = ? AND kind = 'cpu_op'",
@@ -199,7 +193,7 @@ def test_2021_schema_fields(shared_db: Path) -> None:
 
 
 def test_collective_args_on_newest_kernels(shared_db: Path) -> None:
-    with duckdb.connect(str(shared_db), read_only=True) as con:
+    with open_database(Path(shared_db), read_only=True) as con:
         rows = con.execute(
             "SELECT DISTINCT coll_name, group_size, pg_ranks, pg_desc FROM events "
             "WHERE run_id = 'a100_ddp_rank0_of_2' AND kind = 'kernel' AND coll_name IS NOT NULL"

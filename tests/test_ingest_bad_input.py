@@ -8,7 +8,6 @@ import json
 import shutil
 from pathlib import Path
 
-import duckdb
 import pytest
 from typer.testing import CliRunner
 
@@ -17,6 +16,7 @@ from tracecal.cli.main import app
 from tracecal.errors import RankConflictError, TraceFormatError
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.sql.connection import open_database
+from tracecal.sql.event_store import copy_database, event_store_dir
 
 runner = CliRunner()
 RANK0 = next((KINETO / "dlrm_8rank").glob("worker0_*"))
@@ -25,11 +25,12 @@ RANK1 = next((KINETO / "dlrm_8rank").glob("worker1_*"))
 
 def _state(db: Path) -> list[tuple[object, ...]]:
     """Everything the ingest writes, to compare before and after a failed ingest."""
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         return [
             *con.execute("SELECT run_id, ranks_found, world_size FROM runs ORDER BY 1").fetchall(),
             *con.execute("SELECT run_id, rank, events FROM ranks ORDER BY 1, 2").fetchall(),
             *con.execute("SELECT run_id, count(*), sum(dur_ns) FROM events GROUP BY 1 ORDER BY 1").fetchall(),
+            *sorted(path.name for path in event_store_dir(db).iterdir()),  # its files: none added or lost
         ]
 
 
@@ -53,7 +54,7 @@ def template_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def db(template_db: Path, tmp_path: Path) -> Path:
     """A private copy of the template database."""
-    return Path(shutil.copy(template_db, tmp_path / "db.duckdb"))
+    return copy_database(template_db, tmp_path / "db.duckdb")
 
 
 def _fails(db: Path, args: list[str], *expected: str) -> str:
@@ -152,7 +153,7 @@ def test_on_error_skip_reports_what_was_skipped(db: Path, tmp_path: Path) -> Non
     assert result.exit_code == 0, result.output
     assert "skipped" in result.output and "rank-0.json.gz" in result.output
     assert "corrupt or truncated gzip" in result.output
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         assert con.execute("SELECT rank FROM ranks WHERE run_id = 'partly'").fetchall() == [(1,)]
 
 
@@ -198,6 +199,6 @@ def test_worker_processes_report_bad_files_and_duplicate_ranks(db: Path, tmp_pat
     shutil.copy(RANK1, run / "copy.pt.trace.json.gz")  # distributedInfo says rank 1 as well
     with open_database(db) as con, pytest.raises(RankConflictError, match="both hold rank 1"):
         ingest_runs(con, [run], IngestOptions(workers=2))
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM ranks WHERE run_id = 'pooled'").fetchone() == (2,)
     assert _state(db) != before  # the skip-mode ingest is the only change

@@ -19,7 +19,7 @@ from tracecal.errors import TraceFormatError
 from tracecal.ingest import event_chunks
 from tracecal.ingest.trace import EventsFile
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
-from tracecal.schema import RUN_TABLES
+from tracecal.schema import EVENTS, RUN_TABLES
 from tracecal.sources.kineto import parser
 from tracecal.sources.kineto.parser import parse_kineto_file
 from tracecal.sql.connection import open_database
@@ -159,14 +159,15 @@ def test_an_event_error_in_a_later_chunk_names_its_index_in_the_file(tmp_path: P
 
 
 def _rows(db: Path) -> dict[str, list[tuple[object, ...]]]:
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         return {
             t.name: sorted(
-                con.execute(f"SELECT * EXCLUDE (ingest_seconds, ingested_at) FROM {t.name}").fetchall(), key=repr
+                con.execute(f"SELECT * EXCLUDE (ingest_seconds, ingested_at, events_dir) FROM {t.name}").fetchall(),
+                key=repr,
             )
             if t.name == "runs"
             else sorted(con.execute(f"SELECT * FROM {t.name}").fetchall(), key=repr)
-            for t in RUN_TABLES
+            for t in (*RUN_TABLES, EVENTS)
         }
 
 

@@ -8,7 +8,6 @@ import csv
 import json
 from pathlib import Path
 
-import duckdb
 import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -167,7 +166,7 @@ def test_a_kineto_trace_with_any_input_dims_ingests(tmp_path_factory: pytest.Tem
     db = run.parent / "db.duckdb"
     with open_database(db) as con:
         ingest_runs(con, [run], IngestOptions(workers=1))
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM collectives").fetchone() == (1,)
         assert con.execute("SELECT count(*) FROM operators WHERE kind = 'kernel'").fetchone() == (2,)
 

@@ -9,7 +9,6 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -22,6 +21,7 @@ from tracecal.errors import TraceFormatError
 from tracecal.ingest.trace import EventsFile
 from tracecal.sources.kineto import parser
 from tracecal.sources.kineto.parser import parse_kineto_ranks
+from tracecal.sql.connection import open_database
 
 DLRM = KINETO / "dlrm_8rank"
 runner = CliRunner()
@@ -40,7 +40,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory, ingested_copy: Callable[.
 def test_an_export_of_every_rank_ingests_back_as_those_ranks(exported: tuple[Path, Path]) -> None:
     db, out = exported
     _ingest(db, out)
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         ranks = con.execute("SELECT rank, rank_source FROM ranks WHERE run_id = 'dlrm_export' ORDER BY 1").fetchall()
         world = con.execute("SELECT world_size, ranks_found FROM runs WHERE run_id = 'dlrm_export'").fetchone()
     assert ranks == [(r, "process_name") for r in range(8)] and world == (8, 8)
@@ -89,7 +89,7 @@ def test_ranks_that_cannot_be_told_apart_are_refused_in_one_line(tmp_path: Path)
     message = result.output.strip()
     assert "cannot be told apart" in message and "split it into one trace per rank" in message
     assert len(message.splitlines()) == 1
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
         assert con.execute("SELECT count(*) FROM events").fetchone() == (0,)
 

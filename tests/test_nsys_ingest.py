@@ -9,12 +9,12 @@ import shutil
 import sqlite3
 from pathlib import Path
 
-import duckdb
 import pytest
 from typer.testing import CliRunner
 
 from tests.conftest import NSYS
 from tracecal.cli.main import app
+from tracecal.sql.connection import open_database
 
 runner = CliRunner()
 MFU = NSYS / "mfu_2gpu_after.sqlite.gz"
@@ -38,7 +38,7 @@ def ingested(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, sqlite3.Co
 
 
 def _q(db: Path, sql: str, params: list | None = None) -> list[tuple]:
-    with duckdb.connect(str(db), read_only=True) as con:
+    with open_database(Path(db), read_only=True) as con:
         return con.execute(sql, params or []).fetchall()
 
 

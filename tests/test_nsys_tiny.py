@@ -11,7 +11,6 @@ import stat
 import sys
 from pathlib import Path
 
-import duckdb
 import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
@@ -21,6 +20,7 @@ from tracecal.errors import InputNotFoundError, TraceFormatError
 from tracecal.ingest.discover import discover_run
 from tracecal.sources.nsys.export import CACHE_DIR_NAME, open_export
 from tracecal.sources.nsys.parser import _resolve_sync_devices, parse_nsys_file
+from tracecal.sql.connection import open_database
 
 GTID = 1 << 48  # nsys sets a high "hardware/VM" bit in every global id
 
@@ -372,7 +372,7 @@ def test_nsys_rep_run_ingests_and_reingests(tmp_path: Path, monkeypatch: pytest.
     for _ in range(2):  # the second ingest must not also pick up the cached export
         result = CliRunner().invoke(app, ["ingest", str(run), "--db", str(db_path), "-j", "1"])
         assert result.exit_code == 0, result.output
-    with duckdb.connect(str(db_path), read_only=True) as con:
+    with open_database(Path(db_path), read_only=True) as con:
         assert con.execute("SELECT rank, rank_source, events FROM ranks").fetchall() == [(3, "path", 4)]
 
 
@@ -392,7 +392,7 @@ def test_nvtx_iteration_marker(tmp_path: Path, db_path: Path) -> None:
     args = ["ingest", str(run), "--db", str(db_path), "-j", "1", "--iteration-marker", "^train_step$"]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    with duckdb.connect(str(db_path), read_only=True) as con:
+    with open_database(Path(db_path), read_only=True) as con:
         its = con.execute("SELECT iteration, marker, cpu_start_ns, cpu_end_ns FROM iterations ORDER BY 1").fetchall()
         assert its == [(0, "train_step", 50, 400), (1, "train_step", 1050, 1400)]
         ops = con.execute("SELECT ts_ns, iteration, cpu_op_name, link FROM operators ORDER BY 1").fetchall()

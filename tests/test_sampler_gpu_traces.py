@@ -27,6 +27,7 @@ from tracecal.samplers.from_run import map_call, run_points
 from tracecal.samplers.plan import compute_plan
 from tracecal.schema import SHAPE_COLUMNS
 from tracecal.sql.connection import open_database
+from tracecal.sql.event_store import copy_database
 from tracecal.sql.samples import read_samples
 
 H200 = SHARED_DATA / "gpu" / "h200"
@@ -160,8 +161,7 @@ def test_new_family_samplers_run_on_cpu_and_join_the_traced_calls(
 
 
 def test_plan_prints_points_and_coverage_and_times_nothing(h200_db: Path, tmp_path: Path) -> None:
-    db = tmp_path / "copy.duckdb"
-    db.write_bytes(h200_db.read_bytes())
+    db = copy_database(h200_db, tmp_path / "copy.duckdb")
     runner = CliRunner()
     result = runner.invoke(
         app, ["samples", "measure", "compute", "--cluster", "h200", "--from-run", "gpt_h2048_l8_bf16", "--plan",

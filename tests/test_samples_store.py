@@ -129,7 +129,7 @@ def test_every_sample_file_carries_table_schema_and_tracecal_version(tmp_path: P
     """An export and a sampler's hand-over file are written by one writer: the same metadata, and a
     batch that does not conform leaves no file (not even a partial one)."""
     from tracecal import __version__
-    from tracecal.schema import SCHEMA_VERSION
+    from tracecal.schema import SAMPLES_FILE_VERSION
 
     rows = _rows("local", [1, 2])
     handed_over, exported = tmp_path / "sampler.parquet", tmp_path / "export.parquet"
@@ -141,7 +141,7 @@ def test_every_sample_file_carries_table_schema_and_tracecal_version(tmp_path: P
         meta = pq.read_schema(path).metadata
         assert (meta[b"tracecal.table"], meta[b"tracecal.schema_version"], meta[b"tracecal.version"]) == (
             b"samples",
-            str(SCHEMA_VERSION).encode(),
+            str(SAMPLES_FILE_VERSION).encode(),
             __version__.encode(),
         )
     bad = tmp_path / "bad.parquet"

@@ -92,7 +92,7 @@ def two_clusters(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_cross_cluster_ratios_come_from_the_ops_both_clusters_sampled(two_clusters: Path) -> None:
-    with duckdb.connect(str(two_clusters), read_only=True) as con:
+    with open_database(Path(two_clusters), read_only=True) as con:
         rates = sample_rates(con, "perlmutter", "h200")
     families = ["gemm", "attention", "elementwise", "norm", "memcpy", "optimizer", "comm"]
     ratios = cluster_ratios(rates, "perlmutter", "h200", families)

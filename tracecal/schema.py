@@ -24,8 +24,14 @@ import pyarrow as pa
 if TYPE_CHECKING:
     import polars as pl
 
-SCHEMA_VERSION = 1
-"""Bumped whenever a table changes incompatibly; stored in ``tracecal_meta``."""
+SCHEMA_VERSION = 2
+"""Bumped whenever a table changes incompatibly; stored in ``tracecal_meta``. 2: ``events`` is a view
+of Parquet files beside the database (``tracecal.sql.event_store``), no longer a table."""
+
+SAMPLES_FILE_VERSION = 1
+"""Version of the samples Parquet files ``tracecal samples export`` writes (their ``SAMPLES`` columns),
+stored in each file's metadata; bumped when ``SAMPLES`` changes incompatibly. Independent of
+``SCHEMA_VERSION``: a change of how a database stores its runs leaves sample files readable."""
 
 
 @dataclass(frozen=True)
@@ -128,6 +134,11 @@ RUNS = Table(
         ("ingest_seconds", "DOUBLE", "wall time of the ingest of this run"),
         ("ingested_at", "TIMESTAMP", "when the run was ingested (UTC)"),
         ("tool_version", "VARCHAR", "tracecal version that wrote the run"),
+        (
+            "events_dir",
+            "VARCHAR",
+            "folder of the run's event files (one Parquet file per rank), relative to the database's folder",
+        ),
     ),
 )
 
@@ -158,7 +169,8 @@ RANKS = Table(
 
 EVENTS = Table(
     "events",
-    "Every complete (ph=X) event of every rank, normalised across Kineto eras and Nsight exports.",
+    "Every complete (ph=X) event of every rank, normalised across Kineto eras and Nsight exports. "
+    "A view of the Parquet files in the event store beside the database (one per rank; docs/parsing.md#event-store).",
     _cols(
         ("run_id", "VARCHAR", "run identifier"),
         ("rank", "INTEGER", "global rank"),
@@ -463,7 +475,6 @@ COMPONENTS = Table(
 TABLES: tuple[Table, ...] = (
     RUNS,
     RANKS,
-    EVENTS,
     OPERATORS,
     COLLECTIVES,
     ITERATIONS,
@@ -472,7 +483,9 @@ TABLES: tuple[Table, ...] = (
     PREDICTIONS,
     COMPONENTS,
 )
-"""All stored tables, in creation order."""
+"""All tables stored in the database file, in creation order. ``EVENTS`` is not among them: its rows
+are Parquet files beside the database, read through a view of the same name and columns
+(``tracecal.sql.event_store``)."""
 
 RUN_TABLES: tuple[Table, ...] = tuple(t for t in TABLES if t.column_names[0] == "run_id")
 """Tables keyed by run_id: re-ingesting a run deletes its rows from all of them."""

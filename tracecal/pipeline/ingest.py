@@ -3,12 +3,16 @@
 ``ingest_runs(con, run_dirs, options) -> IngestReport`` is the library side of ``trace-ingest``.
 Files go to an executor (``tracecal.ingest.executors``: this process, a process pool, or a Dask
 cluster; at most ``capacity`` files in flight) that parses each one into Parquet shards and decodes
-its ranks there (``tracecal.pipeline.rank_decode``). Each rank's events and operators are inserted as
-they arrive and then dropped, so neither a worker nor the loader ever holds a whole run. Shards live in
-a directory made for the ingest and removed after it. The first files parse while the run's
-transaction opens. Each run is one DuckDB transaction: its old rows are deleted from every run table,
-the new ones inserted, decoding finished (``tracecal.pipeline.decode``: the cross-rank steps), and any
-failure rolls back so the database is unchanged. The statements are ``tracecal.sql.loaders``'s.
+its ranks there (``tracecal.pipeline.rank_decode``). As each rank arrives, its operators are inserted
+and its events' Parquet shard is moved into the event store beside the database
+(``tracecal.sql.event_store``: the ``events`` view reads it there, so no event is inserted), so
+neither a worker nor the loader ever holds a whole run. Shards live in a directory made for the
+ingest and removed after it. The first files parse while the run's transaction opens. Each run is
+one DuckDB transaction: its old rows are deleted from every run table, the new ones inserted, the
+``events`` view switched to the run's new folder of event files, decoding finished
+(``tracecal.pipeline.decode``: the cross-rank steps), and any failure rolls back so the database is
+unchanged (and the new event files are deleted; those a commit replaced are deleted after it). The
+statements are ``tracecal.sql.loaders``'s.
 
 Which files are a run's rank files, and whose reader parses them, the source registry says
 (``tracecal.sources.registry``); a run that is a folder of tables rather than rank files is rebuilt into
@@ -30,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
-import numpy as np
 import pyarrow as pa
 
 from tracecal import __version__
@@ -47,17 +50,16 @@ from tracecal.ingest.discover import (
 )
 from tracecal.ingest.executors import FileExecutor, InProcess, OnError, Parsing, ProcessPool, Skipped
 from tracecal.ingest.parse import read_run_folder
-from tracecal.ingest.shards import count_kernels
+from tracecal.ingest.shards import count_kernels, write_shard
 from tracecal.ingest.trace import EventsFile, FolderRun, ParsedRank
 from tracecal.pipeline.decode import DecodeSummary, JustStored, RankParts, check_marker, decode_stored_run
 from tracecal.pipeline.rank_decode import DecodedRank, DecodePlan, parse_and_decode
 from tracecal.schema import RANKS, RUNS, arrow_schema
+from tracecal.sql.event_store import EventStore, keep_file, rank_file, refresh_events_view
 from tracecal.sql.loaders import (
     OneThreadForLargeInserts,
     delete_rank_operators,
     delete_run,
-    insert_events,
-    insert_events_file,
     insert_operators_file,
     insert_rows,
     set_ingest_seconds,
@@ -200,6 +202,8 @@ def ingest_runs(
             )
         discovered.append((run_id, run))
     reports = []
+    if discovered:
+        EventStore(con).remove_orphans()
     with _Executors(options, executor) as executors:
         for run_id, run in discovered:
             try:
@@ -282,7 +286,7 @@ def _ingest_run(
             raise _NothingLeft(str(exc)) from exc  # skip mode: the run is reported as skipped
     if rebuilt is not None:
         run = replace(run, layout=rebuilt.layout.merged(run.layout), files=_rebuilt_files(rebuilt))
-    stored = _StoredRanks(con, run_id, len(run.files))
+    store = EventStore(con)
     # Workers parse and decode each rank of the files; the first start now, while this process opens
     # the transaction.
     plan = DecodePlan(run.layout, options.iteration_marker, len(run.files))
@@ -302,18 +306,20 @@ def _ingest_run(
     try:
         con.execute("BEGIN TRANSACTION")
         began = True
-        # Step 1: re-ingest replaces — the run's rows go from every run-keyed table.
+        # Step 1: re-ingest replaces — the run's rows go from every run-keyed table; its event files
+        # go once the new ones are committed.
+        store.replace_run(run_id)
         delete_run(con, run_id)
+        stored = _StoredRanks(con, run_id, len(run.files), store.new_run_dir(run_id))
 
         # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
         # DuckDB on one thread from the first large insert to the end of decode (its inserts too).
         try:
             for done, (trace_file, parsed) in enumerate(parsing, start=1):
                 stored.add(trace_file, parsed)
-                del parsed  # stored or waiting in `stored` (bounded by INSERT_BATCH_ROWS), not held here
+                del parsed
                 if progress is not None:
                     progress(Progress(run_id, trace_file.path, done, len(run.files)))
-            stored.flush()
             if not stored.rows:
                 reasons = "; ".join(s.reason for s in skipped[:3])
                 raise _NothingLeft(f"{run.run_dir}: every trace file failed ({reasons})")
@@ -329,8 +335,14 @@ def _ingest_run(
                 con,
                 RUNS.name,
                 arrow_schema(RUNS),
-                [_run_row(run_id, run, options, layout, world_size, len(stored.rows), load_seconds)],
+                [
+                    {
+                        **_run_row(run_id, run, options, layout, world_size, len(stored.rows), load_seconds),
+                        "events_dir": store.relative(stored.run_dir),
+                    }
+                ],
             )
+            refresh_events_view(con)
             run_layout = replace(layout, world_size=world_size)
 
             # Step 4: the cross-rank half of decoding (and the per-rank half of the ranks no worker
@@ -347,9 +359,11 @@ def _ingest_run(
         seconds = time.perf_counter() - started
         set_ingest_seconds(con, run_id, seconds)
         con.execute("COMMIT")
+        store.after_commit()
     except BaseException:
         if began:
             con.execute("ROLLBACK")
+        store.after_rollback()
         raise
     finally:
         if isinstance(parsing, Parsing):
@@ -377,37 +391,25 @@ def _ingest_run(
     )
 
 
-INSERT_BATCH_ROWS = 200_000
-"""Events of several ranks are inserted with one statement until this many rows are waiting (each
-INSERT costs a few ms of fixed work, as much as parsing a small rank); a larger rank goes alone.
-Waiting ranks hold at most this many rows (tens of MB of Arrow) beside the rank being parsed."""
-
-
 class _StoredRanks:
-    """The ranks of one run stored so far: their ``ranks`` rows, the totals of the run, and the
-    per-rank decode of the ranks a worker decoded (``decoded``: operators stored, parts kept).
+    """The ranks of one run stored so far: their event files in ``run_dir`` (the run's folder of the
+    event store), their ``ranks`` rows, the totals of the run, and the per-rank decode of the ranks a
+    worker decoded (``decoded``: operators stored, parts kept)."""
 
-    Events given as tables (ranks a folder source rebuilt) wait in ``pending`` (run_id and rank
-    filled in) until ``INSERT_BATCH_ROWS`` rows of the same columns have accumulated; ``flush``
-    inserts what waits.
-    """
-
-    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, files: int) -> None:
-        self.con, self.run_id, self.files = con, run_id, files
+    def __init__(self, con: duckdb.DuckDBPyConnection, run_id: str, files: int, run_dir: Path) -> None:
+        self.con, self.run_id, self.files, self.run_dir = con, run_id, files, run_dir
         self.rows: list[dict[str, Any]] = []
         self.owners: dict[int, Path] = {}
         self.world_sizes: list[int | None] = []
         self.process_groups: list[dict[str, Any]] = []
         self.notes: list[str] = []
         self.events = self.kernels = self.source_bytes = 0
-        self.pending: list[pa.Table] = []
-        self.pending_rows = 0
         self.decoded: dict[int, tuple[ParallelLayout, RankParts]] = {}
         self.threads = OneThreadForLargeInserts(con)
 
     def add(self, trace_file: TraceFile, parsed: Sequence[ParsedRank | DecodedRank]) -> None:
-        """Store the events of every rank of one file (now, or with the next ranks), and the
-        operators of those a worker decoded.
+        """Store the events of every rank of one file in the event store, and the operators of
+        those a worker decoded.
 
         Raises:
             RankConflictError: a rank is already held by another file, or cannot be determined.
@@ -424,10 +426,7 @@ class _StoredRanks:
                     "remove the duplicate or ingest them as separate runs"
                 )
             self.owners[rank] = trace_file.path
-            if isinstance(rank_trace.events, EventsFile):
-                self._insert_file(rank_trace.events, rank)
-            else:
-                self._queue(_with_ids(rank_trace.events, self.run_id, rank))
+            self._keep(rank_trace.events, rank)
             if isinstance(result, DecodedRank):
                 try:
                     insert_operators_file(self.con, result.operators, self.run_id)
@@ -443,22 +442,15 @@ class _StoredRanks:
             self.process_groups.extend(rank_trace.process_groups)
             self.notes.extend(w for w in rank_trace.metadata.get("warnings", ()) if w not in self.notes)
 
-    def _queue(self, events: pa.Table) -> None:
-        if self.pending and events.schema != self.pending[0].schema:
-            self.flush()
-        self.pending.append(events)
-        self.pending_rows += events.num_rows
-        if self.pending_rows >= INSERT_BATCH_ROWS:
-            self.flush()
-
-    def _insert_file(self, events: EventsFile, rank: int) -> None:
-        """Insert a rank's events from the Parquet file its parser streamed them into, then delete it."""
-        self.flush()
-        self.threads.before_insert(events.rows)
-        try:
-            insert_events_file(self.con, events.path, self.run_id, rank)
-        finally:
-            events.path.unlink(missing_ok=True)
+    def _keep(self, events: pa.Table | EventsFile, rank: int) -> None:
+        """Put a rank's events in the run's folder of the event store: its parser's Parquet file moved
+        there, or its table written there."""
+        target = rank_file(self.run_dir, rank)
+        if isinstance(events, EventsFile):
+            self.threads.before_insert(events.rows)  # the run's decode inserts on one thread from here on
+            keep_file(events.path, target)
+        else:
+            write_shard(events, target)
 
     def decoded_with(self, layout: ParallelLayout) -> dict[int, RankParts]:
         """The per-rank decode of the ranks a worker decoded with ``layout`` (what decode reads of it:
@@ -473,15 +465,6 @@ class _StoredRanks:
         if again:
             delete_rank_operators(self.con, self.run_id, again)
         return same
-
-    def flush(self) -> None:
-        """Insert the waiting events (one statement) and drop them."""
-        if not self.pending:
-            return
-        events = self.pending[0] if len(self.pending) == 1 else pa.concat_tables(self.pending)
-        self.threads.before_insert(events.num_rows)
-        self.pending, self.pending_rows = [], 0
-        insert_events(self.con, events)
 
 
 INGEST_THREADS = 1
@@ -515,19 +498,6 @@ def _rebuilt_files(rebuilt: FolderRun) -> tuple[TraceFile, ...]:
 
 def _rebuilt_ranks(run: DiscoveredRun, rebuilt: FolderRun) -> Iterator[tuple[TraceFile, list[ParsedRank]]]:
     return zip(run.files, ([r] for r in rebuilt.ranks), strict=True)
-
-
-def _with_ids(events: pa.Table, run_id: str, rank: int) -> pa.Table:
-    """The rank's events with ``run_id`` (dictionary-encoded: one string) and ``rank`` filled in."""
-    n = events.num_rows
-    columns = {
-        "run_id": pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)), pa.array([run_id])),
-        "rank": pa.array(np.full(n, rank, dtype=np.int32)),
-    }
-    for name, column in columns.items():
-        index = events.schema.get_field_index(name)
-        events = events.set_column(index, name, column) if index >= 0 else events.append_column(name, column)
-    return events
 
 
 def _rank_row(rank: int, parsed: ParsedRank) -> dict[str, Any]:

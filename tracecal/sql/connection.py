@@ -38,8 +38,9 @@ import pyarrow as pa
 
 from tracecal import __version__
 from tracecal.errors import InputNotFoundError, SchemaError
-from tracecal.schema import SCHEMA_VERSION, TABLES, Table
+from tracecal.schema import EVENTS, SCHEMA_VERSION, TABLES, Table
 from tracecal.sql import registry
+from tracecal.sql.event_store import refresh_events_view, search_events_from
 from tracecal.sql.registry import SqlRegistryError, View
 
 _META_DDL = """
@@ -128,6 +129,7 @@ def schema_is_current(con: duckdb.DuckDBPyConnection) -> bool:
     return (
         rows == [(schema_fingerprint(),)]
         and all(stored.get(table.name) == table.column_names for table in TABLES)
+        and stored.get(EVENTS.name) == EVENTS.column_names
         and all(name in stored for name in registry.view_names())  # a view's columns are listed too
     )
 
@@ -152,6 +154,7 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     _check_columns(con)  # before the DDL: its COMMENT ON statements would fail on a foreign table first
     for statements in registry.table_ddl():
         con.execute(statements)
+    refresh_events_view(con)  # before the views that read it
     create_views(con)
     con.execute(
         "INSERT OR REPLACE INTO tracecal_meta VALUES ('schema_fingerprint', ?)",
@@ -308,9 +311,11 @@ def _copy_template(path: Path, cache_dir: Path) -> Path | None:
 def _connect(path: Path, read_only: bool, threads: int | None = None) -> duckdb.DuckDBPyConnection:
     config: dict[str, str | bool | int | float | list[str]] = {} if threads is None else {"threads": threads}
     try:
-        return duckdb.connect(str(path), read_only=read_only, config=config)
+        con = duckdb.connect(str(path), read_only=read_only, config=config)
     except duckdb.IOException as exc:
         raise SchemaError(f"cannot open database {path}: {str(exc).splitlines()[0]}") from exc
+    search_events_from(con, path)
+    return con
 
 
 @contextmanager

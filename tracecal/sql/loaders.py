@@ -35,26 +35,6 @@ def delete_run(con: duckdb.DuckDBPyConnection, run_id: str) -> None:
         con.execute(f"DELETE FROM {name} WHERE run_id = ?", [run_id])  # name from schema
 
 
-def insert_events(con: duckdb.DuckDBPyConnection, events: pa.Table) -> None:
-    """Insert ``events`` (``run_id`` and ``rank`` filled in) into ``events`` with one statement.
-
-    Read by DuckDB's replacement scan (a local Arrow table named in the query): unlike
-    register/unregister, no view is created and dropped in the run's transaction. BY NAME: a parser
-    may leave out columns it never fills; they become NULL.
-    """
-    _tracecal_rank_events = events  # read by the statement
-    con.execute("INSERT INTO events BY NAME SELECT * FROM _tracecal_rank_events")
-
-
-def insert_events_file(con: duckdb.DuckDBPyConnection, path: Path, run_id: str, rank: int) -> None:
-    """Insert a rank's events from a Parquet file, with ``run_id`` and ``rank`` set on every row."""
-    con.execute(
-        "INSERT INTO events BY NAME SELECT * REPLACE ($run_id AS run_id, $rank::INTEGER AS rank) "
-        "FROM read_parquet($path)",
-        {"run_id": run_id, "rank": rank, "path": str(path)},
-    )
-
-
 def insert_operators_file(con: duckdb.DuckDBPyConnection, path: Path, run_id: str) -> None:
     """Insert operators a worker decoded into a Parquet file (``OPERATORS`` columns), for ``run_id``."""
     con.execute(
@@ -94,7 +74,7 @@ def insert_rows(con: duckdb.DuckDBPyConnection, table_name: str, schema: pa.Sche
 
     A few rows (the run, a small run's ranks) go as one parameterised ``VALUES`` statement, whose
     values DuckDB casts to the columns' types; more as an Arrow table of ``schema`` read by DuckDB's
-    replacement scan, as ``insert_events`` does, whose cost hardly grows with the rows while
+    replacement scan, whose cost hardly grows with the rows while
     ``VALUES`` costs grow with every row."""
     if not rows:
         return
@@ -117,9 +97,8 @@ def insert_frame(con: duckdb.DuckDBPyConnection, table: Table, frame: pl.DataFra
     and handed over uncast: the ``INSERT`` casts each column to the table's type (the frames hold
     the same values in wider or differently encoded types: int64 ranks, large strings), which
     costs less than casting 45 columns in Arrow first.
-    DuckDB reads it by replacement scan (a local Arrow table named in the statement), as
-    ``insert_events`` does: one statement, where a relation (``from_arrow(...).insert_into``) binds it
-    twice.
+    DuckDB reads it by replacement scan (a local Arrow table named in the statement): one statement,
+    where a relation (``from_arrow(...).insert_into``) binds it twice.
     """
     if frame.height == 0:
         return

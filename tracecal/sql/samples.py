@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 
 from tracecal import __version__
 from tracecal.errors import InputNotFoundError, SampleError
-from tracecal.schema import SAMPLES, SCHEMA_VERSION, arrow_schema
+from tracecal.schema import SAMPLES, SAMPLES_FILE_VERSION, arrow_schema
 from tracecal.sql.connection import NEW_ROWS, query_arrow, replace_rows
 from tracecal.sql.query_files import query_file
 
@@ -191,7 +191,7 @@ def write_samples_parquet(table: pa.Table, path: Path, origin: str | None = None
     table = conform_samples(table, origin or str(path)).replace_schema_metadata(
         {
             PARQUET_META_TABLE: b"samples",
-            PARQUET_META_SCHEMA: str(SCHEMA_VERSION).encode(),
+            PARQUET_META_SCHEMA: str(SAMPLES_FILE_VERSION).encode(),
             PARQUET_META_VERSION: __version__.encode(),
         }
     )
@@ -253,10 +253,10 @@ def read_parquet_samples(path: Path, cluster: str | None = None) -> pa.Table:
             raise SampleError(f"{file} is not a readable Parquet file: {str(exc).splitlines()[0]}") from exc
         meta = table.schema.metadata or {}
         version = meta.get(PARQUET_META_SCHEMA)
-        if version is not None and int(version) != SCHEMA_VERSION:
+        if version is not None and int(version) != SAMPLES_FILE_VERSION:
             raise SampleError(
                 f"{file} was exported with samples schema version {int(version)}, this tracecal reads "
-                f"{SCHEMA_VERSION}; export it again with this version"
+                f"{SAMPLES_FILE_VERSION}; export it again with this version"
             )
         table = with_timing_from_params(conform_samples(table.replace_schema_metadata(None), origin=str(file)))
         if cluster is not None:

@@ -20,7 +20,8 @@ CREATE TABLE IF NOT EXISTS runs (
     input_bytes      BIGINT,
     ingest_seconds   DOUBLE,
     ingested_at      TIMESTAMP,
-    tool_version     VARCHAR
+    tool_version     VARCHAR,
+    events_dir       VARCHAR
 );
 COMMENT ON TABLE runs IS 'One row per ingested run (a directory of rank traces). Re-ingesting a run replaces its row.';
 COMMENT ON COLUMN runs.run_id IS 'run identifier: the directory name unless --run-id was given';
@@ -43,3 +44,4 @@ COMMENT ON COLUMN runs.input_bytes IS 'bytes of trace files read (compressed siz
 COMMENT ON COLUMN runs.ingest_seconds IS 'wall time of the ingest of this run';
 COMMENT ON COLUMN runs.ingested_at IS 'when the run was ingested (UTC)';
 COMMENT ON COLUMN runs.tool_version IS 'tracecal version that wrote the run';
+COMMENT ON COLUMN runs.events_dir IS 'folder of the run''s event files (one Parquet file per rank), relative to the database''s folder';
