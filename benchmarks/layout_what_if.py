@@ -120,6 +120,7 @@ def _model_key(run) -> tuple:
 
 
 def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tuple[pl.DataFrame, list]:
+    from tracecal.api import Session
     from tracecal.calibrate import load
     from tracecal.config import model_store_dir
     from tracecal.predict.relayout_run import predict_layout, run_layout, source_relayout
@@ -129,6 +130,7 @@ def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tup
     from tracecal.sql.connection import open_database
 
     rows, searches = [], []
+    scratch = Session(db).scratch_database
     with open_database(db) as con:
         model = load(cluster, con, store_dir=model_store_dir(db))
         groups: dict[tuple, list[str]] = {}
@@ -145,7 +147,7 @@ def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tup
             for src, tgt in itertools.permutations(members, 2):
                 lay = layouts[tgt]
                 t0 = time.perf_counter()
-                pred = predict_layout(con, src, lay, mode="predicted", model=model)
+                pred = predict_layout(con, src, lay, scratch=scratch, mode="predicted", model=model)
                 seconds = time.perf_counter() - t0
                 m = measured[tgt]
                 rows.append(
@@ -178,7 +180,7 @@ def evaluate(db: Path, cluster: str, run_ids: list[str], *, search: bool) -> tup
                 src = members[0]
                 t0 = time.perf_counter()
                 memory, _ = device_memory_bytes(con, cluster)
-                res = search_run(con, src, gpus, model=model, memory_bytes=memory)
+                res = search_run(con, src, gpus, scratch=scratch, model=model, memory_bytes=memory)
                 searches.append((src, gpus, res, order, time.perf_counter() - t0))
     return pl.DataFrame(rows), searches
 
@@ -300,6 +302,7 @@ def prepare_workload(db: Path, runs: list[Path]) -> None:
 
 
 def evaluate_workload(db: Path, run_ids: list[str]) -> pl.DataFrame:
+    from tracecal.api import Session
     from tracecal.calibrate import load
     from tracecal.config import model_store_dir
     from tracecal.predict.relayout_run import predict_layout, run_layout
@@ -307,6 +310,7 @@ def evaluate_workload(db: Path, run_ids: list[str]) -> pl.DataFrame:
     from tracecal.sql.connection import open_database
 
     rows = []
+    scratch = Session(db).scratch_database
     with open_database(db) as con:
         model = load(LOCAL, con, store_dir=model_store_dir(db))
         measured, floor, layouts = {}, {}, {}
@@ -320,10 +324,10 @@ def evaluate_workload(db: Path, run_ids: list[str]) -> pl.DataFrame:
         for src, tgt in [(base, r) for r in run_ids[1:]] + [(r, base) for r in run_ids[1:]]:
             lay = layouts[tgt]
             t0 = time.perf_counter()
-            pred = predict_layout(con, src, lay, mode="predicted", model=model)
+            pred = predict_layout(con, src, lay, scratch=scratch, mode="predicted", model=model)
             seconds = time.perf_counter() - t0
             # the re-layout alone: the source's traced durations on the new shapes (work ratio), no model
-            traced = predict_layout(con, src, lay, mode="measured")
+            traced = predict_layout(con, src, lay, scratch=scratch, mode="measured")
             m = measured[tgt]
             rows.append(
                 {

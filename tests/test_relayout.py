@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
+from tracecal.api import Session
 from tracecal.cli.main import app
 from tracecal.predict.layouts import Layout, LayoutError, check_layout, parse_layout, partition, partition_rule
 from tracecal.predict.relayout_run import predict_layout
@@ -159,12 +160,26 @@ def llemma_db(ingested_copy: Callable[..., Path]) -> Path:
 def test_own_layout_replays_the_same_graph(llemma_db: Path, tmp_path: Path) -> None:
     with open_database(llemma_db) as con:
         _, today = predict_stored_run(con, "llemma_7B_4_2_2_4_4", mode="measured")
-        same = predict_layout(con, "llemma_7B_4_2_2_4_4", Layout(4, 2, 2), mode="measured", work_dir=tmp_path)
+        same = predict_layout(
+            con, "llemma_7B_4_2_2_4_4", Layout(4, 2, 2), scratch=Session(llemma_db).scratch_database, mode="measured"
+        )
     a, b = today.graph, same.prediction.graph
     assert a.nodes.equals(b.nodes)
     for x, y in ((a.src, b.src), (a.dst, b.dst), (a.lag, b.lag), (a.edge_kind, b.edge_kind)):
         assert np.array_equal(x, y)
     assert same.iteration_ns == int(today.iteration_error()["predicted_ns"].max())
+
+
+def test_the_scratch_database_is_the_sessions_and_leaves_nothing(tmp_path: Path) -> None:
+    """`predict --layout` replays a rebuilt run in a database the API makes (``Session.scratch_database``):
+    empty, with the schema, removed afterwards, and the session's own database untouched."""
+    work = tmp_path / "work"
+    work.mkdir()
+    session = Session(tmp_path / "x.duckdb")
+    with session.scratch_database(work) as con:
+        assert con.execute("SELECT count(*) FROM runs").fetchone() == (0,)
+        (folder,) = work.iterdir()
+    assert not folder.exists() and not session.db_path.exists()
 
 
 @pytest.mark.parametrize(

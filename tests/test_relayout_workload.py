@@ -131,6 +131,7 @@ def test_predict_layout_cli_and_identity(tiny_workload, tmp_path: Path) -> None:
     """The command end to end on a traced run; its own layout replays today's graph."""
     from typer.testing import CliRunner
 
+    from tracecal.api import Session
     from tracecal.cli.main import app
     from tracecal.pipeline.ingest import IngestOptions, ingest_runs
     from tracecal.predict.relayout_run import predict_layout
@@ -141,7 +142,7 @@ def test_predict_layout_cli_and_identity(tiny_workload, tmp_path: Path) -> None:
     db = tmp_path / "w.duckdb"
     with open_database(db) as con:
         ingest_runs(con, [run], IngestOptions(workers=1))
-        own = predict_layout(con, run.name, Layout(1, 1, 1), mode="measured", work_dir=tmp_path)
+        own = predict_layout(con, run.name, Layout(1, 1, 1), scratch=Session(db).scratch_database, mode="measured")
         _, today = predict_stored_run(con, run.name, mode="measured", compare=False)
     assert own.prediction.graph.nodes.height == today.graph.nodes.height
     assert own.prediction.graph.nodes["name"].to_list() == today.graph.nodes["name"].to_list()

@@ -109,6 +109,25 @@ def test_the_torchrun_entry_point_writes_rank0_samples(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "error: size 'HUGE' is not a byte count" in bad.stderr
 
 
+def test_a_torchrun_rank_stores_through_the_api(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun, `samples measure comm` gives the sampler rank 0's stored ids and writer: the rows go
+    to the session's database (the sampler opens none), and a second sweep resumes past them."""
+    from tracecal.api import Session
+    from tracecal.samplers import comm_launch
+
+    def rank0(settings: CommSettings, backend: str, *, stored, write) -> int:  # the group, as two local ranks
+        return write(spawn_local(settings, 2, stored()))
+
+    monkeypatch.setattr(comm_launch, "under_torchrun", lambda: True)
+    monkeypatch.setattr(comm_launch, "run_distributed", rank0)
+    session = Session(tmp_path / "t.duckdb")
+    options = {"sizes": "4K", "collectives": "all_reduce,broadcast", "repeats": 2, "warmup": 1}
+    first = session.samples_measure_comm("tr", **options)
+    assert (first.written, first.world_size) == (2, None)
+    assert session.samples_measure_comm("tr", **options).written == 0
+    assert session.sql("SELECT count(*) AS n FROM samples WHERE cluster = 'tr'")["n"].to_list() == [2]
+
+
 class _StubDist:
     """Just enough of torch.distributed for group arithmetic: records new_group calls."""
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import duckdb
+    import pyarrow as pa
 
     from tracecal.api.session import Session
     from tracecal.samplers.compute import ComputeReport, ComputeSettings
@@ -102,27 +103,39 @@ def measure_comm(
     import argparse
 
     from tracecal.samplers import comm_launch as sampler
-    from tracecal.sql.samples import existing_sample_ids, write_samples
 
     args = argparse.Namespace(
         cluster=cluster, config=config, sizes=sizes, collectives=collectives,
         dtype=dtype, repeats=repeats, warmup=warmup, groups=groups,
     )  # fmt: skip
+    flags: dict[str, int] = {}
+
+    def stored() -> frozenset[str]:
+        from tracecal.sql.samples import existing_sample_ids
+
+        if not session.db_path.exists():  # a torchrun job's first sweep: nothing to resume
+            return frozenset()
+        with session.connect(read_only=True) as con:
+            return frozenset(existing_sample_ids(con, cluster))
+
+    def write(table: pa.Table) -> int:
+        from tracecal.sql.samples import write_samples
+
+        with session.connect() as con:
+            written = write_samples(con, table, origin="comm sampler")
+            flags.update(_reflag(con, cluster) if written else {})
+        return written
+
     if sampler.under_torchrun():
         import torch
 
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         run = sampler.settings_from_args(args, backend == "nccl")
-        # a torchrun rank joins the launcher's group; rank 0 opens the database itself
-        written = sampler.run_distributed(run, backend, session.db_path, None)
-        return CommSampling(written, None, len(run.collectives), len(run.sizes_bytes), {})
+        # a torchrun rank joins the launcher's group; rank 0 alone reads and writes the database
+        written = sampler.run_distributed(run, backend, stored=stored, write=write)
+        return CommSampling(written, None, len(run.collectives), len(run.sizes_bytes), flags)
     run = sampler.settings_from_args(args, cuda=False)
-    with session.connect() as con:
-        stored = frozenset(existing_sample_ids(con, cluster))
-    table = sampler.spawn_local(run, world_size, stored)
-    with session.connect() as con:
-        written = write_samples(con, table, origin="comm sampler")
-        flags = _reflag(con, cluster) if written else {}
+    written = write(sampler.spawn_local(run, world_size, stored()))
     return CommSampling(written, world_size, len(run.collectives), len(run.sizes_bytes), flags)
 
 

@@ -212,6 +212,23 @@ class Session:
         ) as con:
             yield con
 
+    @contextmanager
+    def scratch_database(self, work_dir: Path | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A fresh database made like this session's (from its template cache) in a temporary folder under
+        ``work_dir`` (default: the system's), removed afterwards: where `predict --layout` and `search`
+        store and replay a rebuilt run, leaving this session's database as it was."""
+        import shutil
+        import tempfile
+
+        from tracecal.sql.connection import open_database
+
+        folder = Path(tempfile.mkdtemp(prefix="tracecal-relayout-", dir=work_dir))
+        try:
+            with open_database(folder / "relayout.duckdb", cache_dir=self.settings.cache_dir) as con:
+                yield con
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
     # -- sql, runs, iterations ------------------------------------------------------------------
 
     def sql(self, query: str, *, write: bool = False) -> pl.DataFrame:
@@ -897,8 +914,9 @@ class Session:
             else:
                 memory, memory_source = device_memory_bytes(con, cluster)
             result = search_run(
-                con, run, gpus, model=model, mode=mode, gpus_per_node=gpus_per_node, micro_batches=micro_batches,
-                micro_batch_size=micro_batch_size, memory_bytes=memory, progress=progress,
+                con, run, gpus, scratch=self.scratch_database, model=model, mode=mode, gpus_per_node=gpus_per_node,
+                micro_batches=micro_batches, micro_batch_size=micro_batch_size, memory_bytes=memory,
+                progress=progress,
             )  # fmt: skip
         return result, memory_source
 
@@ -927,7 +945,9 @@ class Session:
                 pp, tp, dp = parse_layout(layout)
             target = Layout(pp, tp, dp, micro_batches, micro_batch_size, gpus_per_node)
             model = self._predicted_model(con, mode, cluster, _LAYOUT_NEEDS_CLUSTER)
-            return predict_layout(con, run, target, mode=mode, model=model, replay=replay)
+            return predict_layout(
+                con, run, target, scratch=self.scratch_database, mode=mode, model=model, replay=replay
+            )
 
 
 def component_table_ms(pred: Prediction) -> pl.DataFrame:

@@ -184,6 +184,7 @@ def comm(
             result = session.samples_measure_comm(cluster, **options)
             if result.written is not None:
                 stdout.print(f"{cluster}: {result.written} comm samples written to {session.db_path}")
+                _print_flags(cluster, result.flags)
             return
         with progress_bar() as bar:
             bar.add_task(f"{world_size} gloo ranks sampling", total=None)

@@ -4,7 +4,7 @@ A run of a source that can re-lay out its runs (``Source.relayout`` in the regis
 run) is rebuilt by that source (``relayout_source.SourceRelayout``); a traced run of the reference
 workload (``tracecal workload run``) by ``relayout_workload.rebuild_workload_at``, as a run folder of
 rank traces.
-The rebuilt iteration is stored in a scratch database of its own, decoded
+The rebuilt iteration is stored in a scratch database the caller makes (``Session.scratch_database``), decoded
 there by the same code as an ingest, loaded and replayed like any stored run (``predict_stored_run``),
 and summarised: the slowest stage's iteration, the throughput at the global batch the layout runs,
 its component split, its idle share, the share of CPU-side gaps kept as traced, and the
@@ -13,10 +13,9 @@ operators no model covers at their new shape. The caller's database is only read
 
 from __future__ import annotations
 
-import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -144,17 +143,8 @@ def run_layout(con: duckdb.DuckDBPyConnection, run_id: str) -> Layout:
     return workload_layout(read_config(how)[0]) if isinstance(how, Path) else how.layout
 
 
-@contextmanager
-def scratch_database(work_dir: Path | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A fresh tracecal database in a temporary folder, removed afterwards."""
-    from tracecal.sql.connection import open_database
-
-    folder = Path(tempfile.mkdtemp(prefix="tracecal-relayout-", dir=work_dir))
-    try:
-        with open_database(folder / "relayout.duckdb") as con:
-            yield con
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
+ScratchDatabase = Callable[[], AbstractContextManager[duckdb.DuckDBPyConnection]]
+"""Makes a fresh, empty tracecal database, removed when its context ends (``Session.scratch_database``)."""
 
 
 def predict_layout(
@@ -162,14 +152,16 @@ def predict_layout(
     run_id: str,
     target: Layout,
     *,
+    scratch: ScratchDatabase,
     mode: str = "predicted",
     model: DurationModel | None = None,
     gpus: int | None = None,
     replay: str = "fitted",
     work_dir: Path | None = None,
 ) -> LayoutPrediction:
-    """Rebuild ``run_id`` at ``target``, replay it (``mode``: predicted with ``model``, or measured:
-    the source's durations on the new shapes as the re-layout sets them) and summarise it.
+    """Rebuild ``run_id`` at ``target``, store it in a ``scratch`` database, replay it there (``mode``:
+    predicted with ``model``, or measured: the source's durations on the new shapes as the re-layout sets
+    them) and summarise it. ``work_dir``: where a rebuilt workload run's traces are written for the while.
 
     Raises:
         LayoutError: the model cannot run at ``target``. PredictionError, RunNotFoundError: see
@@ -179,13 +171,13 @@ def predict_layout(
 
     how = rebuilder(con, run_id)
     if isinstance(how, Path):
-        return _predict_workload_layout(con, run_id, how, target, mode, model, gpus, replay, work_dir)
+        return _predict_workload_layout(con, run_id, how, target, scratch, mode, model, gpus, replay, work_dir)
     rebuilt = how.rebuild(target, gpus=gpus)
     new_id = f"{run_id}@{rebuilt.plan.layout.text}"
-    with scratch_database(work_dir) as scratch:
-        ingest_folder_run(scratch, new_id, rebuilt.run, _stored_run(con, run_id)[1], rebuilt.folder)
+    with scratch() as fresh:
+        ingest_folder_run(fresh, new_id, rebuilt.run, _stored_run(con, run_id)[1], rebuilt.folder)
         # one replay: the other one (``compare``) adds nothing a layout comparison reads
-        _, pred = predict_stored_run(scratch, new_id, mode=mode, model=model, replay=replay, compare=False)
+        _, pred = predict_stored_run(fresh, new_id, mode=mode, model=model, replay=replay, compare=False)
     return summarise(run_id, rebuilt.plan, pred, rebuilt.run.notes)
 
 
@@ -194,6 +186,7 @@ def _predict_workload_layout(
     run_id: str,
     folder: Path,
     target: Layout,
+    scratch: ScratchDatabase,
     mode: str,
     model: DurationModel | None,
     gpus: int | None,
@@ -220,12 +213,12 @@ def _predict_workload_layout(
     best = con.execute("SELECT iteration FROM best_iteration WHERE run_id = ?", [run_id]).fetchone()
     new_id = f"{run_id}@{target.text}"
     with (
-        scratch_database(work_dir) as scratch,
+        scratch() as fresh,
         tempfile.TemporaryDirectory(prefix="tracecal-run-", dir=work_dir) as out,
     ):
         plan = rebuild_workload_at(folder, target, Path(out) / new_id, step=best[0] if best else None, gpus=gpus)
-        ingest_runs(scratch, [plan.out_dir], IngestOptions(run_id=new_id, workers=1))
-        _, pred = predict_stored_run(scratch, new_id, mode=mode, model=model, replay=replay, compare=False)
+        ingest_runs(fresh, [plan.out_dir], IngestOptions(run_id=new_id, workers=1))
+        _, pred = predict_stored_run(fresh, new_id, mode=mode, model=model, replay=replay, compare=False)
     return summarise(run_id, plan, pred, plan.notes)
 
 

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
@@ -22,6 +23,9 @@ from tracecal.errors import PredictionError, TracecalError
 from tracecal.predict.layouts import Layout, LayoutError, ModelFacts, check_layout
 from tracecal.predict.relayout_shapes import ModelDims
 from tracecal.sources.registry import relayout_formats
+
+if TYPE_CHECKING:
+    from tracecal.predict.relayout_run import ScratchDatabase
 
 FP16_BYTES = 2
 ZERO1_OPTIMIZER_BYTES = 12
@@ -176,6 +180,7 @@ def search_run(
     run_id: str,
     gpus: int,
     *,
+    scratch: ScratchDatabase,
     model=None,
     mode: str = "predicted",
     gpus_per_node: int | None = None,
@@ -184,7 +189,8 @@ def search_run(
     memory_bytes: float | None = None,
     progress: Callable[[Layout, int, int], None] | None = None,
 ) -> SearchResult:
-    """Predict every valid layout of ``gpus`` GPUs for the model of ``run_id`` and rank them.
+    """Predict every valid layout of ``gpus`` GPUs for the model of ``run_id`` and rank them (each
+    replayed in a fresh ``scratch`` database, ``relayout_run.predict_layout``).
 
     Raises:
         SearchError: no layout is valid (the reasons of each named). RunNotFoundError,
@@ -219,5 +225,5 @@ def search_run(
     for i, layout in enumerate(kept):
         if progress is not None:
             progress(layout, i, len(kept))
-        results.append(predict_layout(con, run_id, layout, mode=mode, model=model, gpus=gpus))
+        results.append(predict_layout(con, run_id, layout, scratch=scratch, mode=mode, model=model, gpus=gpus))
     return SearchResult(gpus, ranking(results), results, rejected, memory_bytes)

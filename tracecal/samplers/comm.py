@@ -1,9 +1,12 @@
 """The communication sampler: collectives and point-to-point transfers over torch.distributed.
 
-Run it on a cluster under torchrun (NCCL on GPUs, gloo on CPUs)::
+Run it on a cluster under torchrun (NCCL on GPUs, gloo on CPUs), rank 0 storing the samples through the
+API, or writing a Parquet file::
 
+    torchrun --nnodes 2 --nproc-per-node 4 -m tracecal.cli.main samples measure comm --cluster perlmutter \\
+        --config comm-sweep --db tracecal.duckdb
     torchrun --nnodes 2 --nproc-per-node 4 -m tracecal.samplers.comm --cluster perlmutter \\
-        --config comm-sweep --db tracecal.duckdb          # or --output samples.parquet
+        --config comm-sweep --output samples.parquet
 
 or on one machine without torchrun: ``comm_launch.spawn_local(settings, world_size)`` (``tracecal samples
 measure comm``) forks ``world_size`` gloo processes on localhost. This module samples; ``comm_launch`` starts ranks.

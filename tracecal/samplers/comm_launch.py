@@ -2,9 +2,14 @@
 
 - ``spawn_local(settings, world_size)``: fork ``world_size`` gloo processes on this host (CPU, CI,
   ``tracecal samples measure comm``) and return rank 0's rows;
-- ``run_distributed(settings, backend, db, output)``: join the launcher's process group (torchrun sets
-  RANK, WORLD_SIZE, MASTER_ADDR), sample, and write rank 0's rows to a database or a Parquet file;
-- ``main(argv)``: the ``python -m tracecal.samplers.comm`` entry point (argparse, one line on stderr).
+- ``run_distributed(settings, backend, stored=, write=)``: join the launcher's process group (torchrun
+  sets RANK, WORLD_SIZE, MASTER_ADDR), sample, and hand rank 0's rows to the caller's ``write`` (the
+  API stores them in its session's database, ``api.sampling.measure_comm``);
+- ``main(argv)``: the ``python -m tracecal.samplers.comm`` entry point (argparse, one line on stderr):
+  rank 0 writes a Parquet ``--output`` (``tracecal samples import`` loads it). Under torchrun,
+  ``tracecal samples measure comm --db DB`` writes to a database instead, through the API.
+
+Nothing here opens a database: the samples already kept and where new ones go come from the caller.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ import multiprocessing
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -94,9 +99,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int)
     parser.add_argument("--warmup", type=int)
     parser.add_argument("--backend", choices=["nccl", "gloo"], help="default: nccl when CUDA is available")
-    dest = parser.add_mutually_exclusive_group(required=True)
-    dest.add_argument("--db", type=Path, help="DuckDB database rank 0 writes the samples to")
-    dest.add_argument("--output", type=Path, help="Parquet file rank 0 writes (load with `tracecal samples import`)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        required=True,
+        help="Parquet file rank 0 writes (load with `tracecal samples import`; to write a database under "
+        "torchrun, launch `tracecal samples measure comm --db DB` instead)",
+    )
     return parser.parse_args(argv)
 
 
@@ -125,16 +134,20 @@ def under_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
-def run_distributed(settings: CommSettings, backend: str, db: Path | None, output: Path | None) -> int | None:
-    """Join the launcher's process group, sample, and on rank 0 write to ``db`` or ``output``.
+def run_distributed(
+    settings: CommSettings,
+    backend: str,
+    *,
+    stored: Callable[[], frozenset[str]],
+    write: Callable[[pa.Table], int],
+) -> int | None:
+    """Join the launcher's process group, sample, and on rank 0 hand the rows to ``write``.
 
-    Returns the rows written on rank 0, None on other ranks. Rank 0 skips points already stored in
-    ``db`` (resume) and tells the other ranks which.
+    Rank 0 asks ``stored()`` which sample ids are already kept (resume) and tells the other ranks;
+    only rank 0 calls either. Returns what ``write`` returned on rank 0, None on other ranks.
     """
     import torch.distributed as dist
 
-    if (db is None) == (output is None):
-        raise SampleError("give exactly one of --db or --output for rank 0 to write to")
     settings.check()
     if backend == "nccl":  # bind this rank to its GPU before NCCL creates its communicator
         import torch
@@ -142,43 +155,30 @@ def run_distributed(settings: CommSettings, backend: str, db: Path | None, outpu
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend)
     try:
-        skip: list[Any] = [frozenset()]
-        if dist.get_rank() == 0 and db is not None and db.exists():
-            from tracecal.sql.connection import open_database
-            from tracecal.sql.samples import existing_sample_ids
-
-            with open_database(db, read_only=True) as con:
-                skip = [frozenset(existing_sample_ids(con, settings.cluster))]
+        skip: list[Any] = [stored() if dist.get_rank() == 0 else frozenset()]
         dist.broadcast_object_list(skip, src=0)
         table = run_rank(settings, skip[0])
     finally:
         dist.destroy_process_group()
-    if table is None:
-        return None
-    if db is not None:
-        from tracecal.sql.connection import open_database
-        from tracecal.sql.samples import write_samples
-
-        with open_database(db) as con:
-            return write_samples(con, table, origin="comm sampler")
-    assert output is not None
-    from tracecal.sql.samples import write_samples_parquet
-
-    return write_samples_parquet(table, output)
+    return None if table is None else write(table)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """torchrun entry point: every rank samples, rank 0 writes to ``--db`` or ``--output``."""
+    """torchrun entry point: every rank samples, rank 0 writes ``--output``."""
     import torch
+
+    from tracecal.sql.samples import write_samples_parquet
 
     args = _parse_args(argv)
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     try:
         settings = settings_from_args(args, backend == "nccl")
-        written = run_distributed(settings, backend, args.db, args.output)
+        written = run_distributed(
+            settings, backend, stored=frozenset, write=lambda table: write_samples_parquet(table, args.output)
+        )
     except SampleError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return 2
     if written is not None:
-        sys.stderr.write(f"{written} comm samples written to {args.db or args.output} (cluster {settings.cluster})\n")
+        sys.stderr.write(f"{written} comm samples written to {args.output} (cluster {settings.cluster})\n")
     return 0
