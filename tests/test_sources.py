@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pytest
 
-from tests.conftest import GPUMODELING25, KINETO
+from tests.conftest import GPUMODELING25, KINETO, NSYS
 from tracecal.errors import InputNotFoundError, PredictionError, TracecalError, TraceFormatError
 from tracecal.ingest.discover import discover_run, trace_format
 from tracecal.ingest.trace import ParsedRank
@@ -101,6 +101,18 @@ def test_a_bad_file_of_an_outside_source_is_one_line(outside_source: Source, tmp
     (run_dir / "rank0.events.csv").write_text('kind,name\n"unterminated\n')
     with open_database(tmp_path / "x.duckdb") as con, pytest.raises(TracecalError, match=r"rank0\.events\.csv"):
         ingest_runs(con, [run_dir], IngestOptions(workers=1))
+
+
+def test_a_run_of_one_rank_file_is_named_as_its_source_says(outside_source: Source, tmp_path: Path) -> None:
+    """A run that is one rank file takes the file's name without the suffix its source declares, an outside
+    source's as a built-in one's (``Source.run_name``), whatever the case of the suffix."""
+    (tmp_path / "step3.events.csv").write_text("kind,name,ts_ns,dur_ns,pid,tid,correlation\ncpu_op,x,0,5,1,1,\n")
+    assert discover_run(tmp_path / "step3.events.csv").name == "step3"
+    assert (
+        discover_run(KINETO / "single" / "cpu_gloo_rank-34_of_300.pt.trace.json.gz").name == "cpu_gloo_rank-34_of_300"
+    )
+    assert discover_run(NSYS / "mfu_2gpu_after.sqlite.gz").name == "mfu_2gpu_after"
+    assert registry.source_named("kineto").run_name(Path("W7.1694128201553.PT.TRACE.JSON")) == "W7.1694128201553"
 
 
 class StatedLayout:

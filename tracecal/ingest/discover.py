@@ -72,13 +72,10 @@ class DiscoveredRun:
 
     @property
     def name(self) -> str:
-        """The run's default id: the directory name, or a single trace file's name without suffixes."""
-        if not self.run_dir.is_file():
-            return self.run_dir.name
-        name = self.run_dir.name
-        for suffix in (".gz", ".json", ".sqlite", ".nsys-rep", ".pt.trace"):
-            name = name.removesuffix(suffix)
-        return name
+        """The run's default id: the directory name, or a single trace file's name as its source shortens
+        it (``Source.run_name``: without the format's suffix)."""
+        source = source_of_file(self.run_dir) if self.run_dir.is_file() else None
+        return source.run_name(self.run_dir) if source is not None else self.run_dir.name
 
     @property
     def input_bytes(self) -> int:

@@ -52,6 +52,8 @@ class Source:
         description: what the source reads, in a few words (for messages and docs).
         suffixes: endings of the file names of its rank files (compared in lower case).
         patterns: how messages show those files to a user (default: ``*`` + each suffix).
+        run_name_endings: what a rank file's name also loses, after its suffix, when the file is a run by
+            itself and its name the run's default id (``run_name``): Kineto's ``.pt.trace``.
         not_rank_files: file names that end like a rank file but are not one (``run.json``).
         shadowed_by: ``{ending: other endings}``: a file ending in ``ending`` is skipped when a file of the
             same stem ending in one of the others sits beside it (a report and its export are one rank).
@@ -73,6 +75,7 @@ class Source:
     description: str
     suffixes: tuple[str, ...] = ()
     patterns: tuple[str, ...] = ()
+    run_name_endings: tuple[str, ...] = ()
     not_rank_files: frozenset[str] = frozenset()
     shadowed_by: tuple[tuple[str, tuple[str, ...]], ...] = ()
     parse: str | None = None
@@ -95,6 +98,15 @@ class Source:
         """Whether ``path`` is one of this source's rank files, by its name."""
         name = path.name.lower()
         return bool(self.suffixes) and name.endswith(self.suffixes) and name not in self.not_rank_files
+
+    def run_name(self, path: Path) -> str:
+        """The default id of a run that is the one rank file ``path``: its name without the longest of
+        ``suffixes`` it ends in, then without a ``run_name_endings`` ending (compared in lower case)."""
+        name = path.name
+        for endings in (self.suffixes, self.run_name_endings):
+            ending = max((e for e in endings if name.lower().endswith(e)), key=len, default="")
+            name = name[: len(name) - len(ending)]
+        return name or path.name
 
     def is_shadowed(self, path: Path, names_beside: set[str]) -> bool:
         """Whether ``path`` is left out because another file beside it holds the same rank

@@ -7,6 +7,7 @@ SOURCE = Source(
     description="Kineto (torch.profiler) JSON traces, one per rank process",
     suffixes=(".json", ".json.gz"),
     patterns=("*.json", "*.json.gz", "*.pt.trace.json[.gz]"),
+    run_name_endings=(".pt.trace",),
     not_rank_files=frozenset({"run.json"}),
     parse="tracecal.sources.kineto.parser:parse_kineto_ranks",
 )
