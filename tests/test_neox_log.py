@@ -92,6 +92,25 @@ def test_golden_values_of_one_log() -> None:
     assert first[0] == 1 and first[1]["optimizer_allgather"] == 1998.36 and first[1]["pipe_recv_grad"] == 12981.28
 
 
+def test_a_log_missing_what_a_rebuild_needs_is_named() -> None:
+    """The schedule's rebuild and the re-layout's shapes each name the values the log leaves out."""
+    from dataclasses import replace
+
+    from tracecal.errors import PredictionError
+    from tracecal.sources.gpumodeling25.rebuild.reconstruct import RunShape
+    from tracecal.sources.gpumodeling25.relayout import model_dims
+
+    log = parse_neox_log(_log_of(RUNS / "llemma_7B_4_2_2_4_4" / "31664313"))
+    cut = replace(log, seq_length=None, gradient_accumulation_steps=None)
+    assert cut.unstated("hidden_size", "seq_length", "gradient_accumulation_steps") == [
+        "seq_length", "gradient_accumulation_steps"
+    ]  # fmt: skip
+    with pytest.raises(PredictionError, match="states no seq_length; cannot re-derive shapes"):
+        model_dims(cut)
+    with pytest.raises(TraceFormatError, match="states no gradient_accumulation_steps; cannot rebuild the schedule"):
+        RunShape.from_log(cut)
+
+
 @pytest.mark.parametrize("job", JOBS, ids=lambda p: p.parent.name)
 def test_json_round_trip(job: Path) -> None:
     log = parse_neox_log(_log_of(job))

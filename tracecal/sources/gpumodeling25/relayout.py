@@ -80,13 +80,7 @@ def model_dims(log: NeoxLog, run: DecodedRun | None = None) -> ModelDims:
     Raises:
         PredictionError: the log lacks the hidden size, heads, sequence length or layers.
     """
-    needed = {
-        "hidden_size": log.hidden_size,
-        "num_attention_heads": log.num_attention_heads,
-        "seq_length": log.seq_length,
-        "num_layers": log.num_layers,
-    }
-    missing = [k for k, v in needed.items() if v is None]
+    missing = log.unstated("hidden_size", "num_attention_heads", "seq_length", "num_layers")
     if missing:
         raise PredictionError(f"{log.source}: the log states no {', '.join(missing)}; cannot re-derive shapes")
     h = int(log.hidden_size or 0)

@@ -107,6 +107,10 @@ class NeoxLog:
     iteration_ms: list[tuple[int, float]] = field(default_factory=list)
     step_timers_ms: list[tuple[int | None, dict[str, float]]] = field(default_factory=list)
 
+    def unstated(self, *names: str) -> list[str]:
+        """Which of the typed fields ``names`` the log does not state (None), in the order given."""
+        return [name for name in names if getattr(self, name) is None]
+
     @property
     def transformer_layers_per_stage(self) -> list[int]:
         """Per pipeline stage, how many of its layers are transformer layers (class name contains

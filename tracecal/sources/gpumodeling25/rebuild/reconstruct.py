@@ -111,13 +111,9 @@ class RunShape:
     @classmethod
     def from_log(cls, log: NeoxLog) -> RunShape:
         """Raises TraceFormatError when the log lacks a value the schedule needs."""
-        needed = {
-            "pipe_parallel_size": log.pipe_parallel_size,
-            "model_parallel_size": log.model_parallel_size,
-            "data_parallel_size": log.data_parallel_size,
-            "gradient_accumulation_steps": log.gradient_accumulation_steps,
-        }
-        missing = [k for k, v in needed.items() if v is None]
+        missing = log.unstated(
+            "pipe_parallel_size", "model_parallel_size", "data_parallel_size", "gradient_accumulation_steps"
+        )
         if missing:
             raise TraceFormatError(f"{log.source}: the log states no {', '.join(missing)}; cannot rebuild the schedule")
         pp = int(log.pipe_parallel_size or 0)
