@@ -18,8 +18,10 @@ seconds and peak RSS come from the kernel's accounting (``ingest_vs_hta._Usage``
   the sizes of ``--hta-sizes``;
 - the workers run: ``--ranks`` links to one ``--rank-gb`` GB file without ``distributedInfo`` (ranks from
   the names), ingested whole with 1 and 2 workers on the local process pool, then with ``--dask local``
-  when ``trace-ingest --help`` offers it. Wall time gives the speed-up; CPU counts every process of
-  the local pool (its fork server is stopped and reaped at the end), not Dask's.
+  when ``trace-ingest --help`` offers it (its ``LocalCluster`` started inside the measured time), and
+  with ``--dask ADDRESS`` of a ``LocalCluster`` of as many workers started before the clock starts.
+  Wall time gives the speed-up; CPU counts every process of the local pool (its fork server is
+  stopped and reaped at the end), not Dask's.
 """
 
 from __future__ import annotations
@@ -144,11 +146,32 @@ def _measure_parse(path: Path) -> dict[str, Any]:
         }
 
 
+def _measure_on_running_cluster(path: Path, workers: int) -> dict[str, Any]:
+    """The whole ingest with ``--dask ADDRESS``: a ``LocalCluster`` of ``workers`` single-threaded
+    worker processes (as ``--dask local`` makes) started first and untimed, as a cluster a user
+    keeps running between ingests is."""
+    import dask
+    import distributed
+
+    from tracecal.ingest.dask_cluster import LOCAL_WORKER_CONFIG
+
+    with dask.config.set(LOCAL_WORKER_CONFIG):
+        cluster = distributed.LocalCluster(
+            n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
+        )
+    try:
+        return _measure_tracecal(path, workers, cluster.scheduler_address)
+    finally:
+        cluster.close()
+
+
 def _child(case: str, path: Path) -> None:
     if case == "parse":
         result = _measure_parse(path)
     elif case == "hta":
         result = _measure_hta(path, one_process=False)
+    elif case.endswith("-dask-up"):  # ingest-jN-dask-up: --dask ADDRESS of a cluster already running
+        result = _measure_on_running_cluster(path, int(case.removeprefix("ingest-j").removesuffix("-dask-up")))
     else:  # ingest-jN or ingest-jN-dask
         workers = int(case.removeprefix("ingest-j").removesuffix("-dask"))
         result = _measure_tracecal(path, workers, "local" if case.endswith("-dask") else None)
@@ -252,7 +275,7 @@ def workers_table(ranks: int, size_gb: float, source: Path, tmp: Path) -> None:
     executors = [("local", "")]
     skip = _dask_offered()
     if skip is None:
-        executors.append(("dask local", "-dask"))
+        executors += [("dask local", "-dask"), ("dask ADDRESS (cluster up)", "-dask-up")]
     for name, suffix in executors:
         results = {j: _run_child(f"ingest-j{j}{suffix}", run) for j in (1, 2)}
         failed = [f"-j{j}: {r['failed'][:120]}" for j, r in results.items() if "failed" in r]

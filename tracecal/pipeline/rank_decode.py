@@ -141,8 +141,15 @@ class _OperatorShard:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.schema = arrow_schema(OPERATORS)
-        # read once, whole, by the loader's INSERT: no statistics to compute
-        self.writer = pq.ParquetWriter(path, self.schema, compression="lz4", write_statistics=False)
+        # read once, whole, by the loader's INSERT: no statistics to compute; dictionary pages for the
+        # text columns only (a dictionary of the nearly distinct ids and times is built, then dropped)
+        self.writer = pq.ParquetWriter(
+            path,
+            self.schema,
+            compression="lz4",
+            write_statistics=False,
+            use_dictionary=[f.name for f in self.schema if pa.types.is_string(f.type)],
+        )
 
     def write(self, ops: pl.DataFrame) -> None:
         table = pa.table([ops.get_column(c).to_arrow() for c in self.schema.names], names=self.schema.names)
