@@ -3,12 +3,11 @@
 A run of a source that can re-lay out its runs (``Source.relayout`` in the registry: a decoded GPT-NeoX
 run) is rebuilt by that source (``relayout_source.SourceRelayout``); a traced run of the reference
 workload (``tracecal workload run``) by ``relayout_workload.rebuild_workload_at``, as a run folder of
-rank traces.
-The rebuilt iteration is stored in a scratch database the caller makes (``Session.scratch_database``), decoded
-there by the same code as an ingest, loaded and replayed like any stored run (``predict_stored_run``),
-and summarised: the slowest stage's iteration, the throughput at the global batch the layout runs,
-its component split, its idle share, the share of CPU-side gaps kept as traced, and the
-operators no model covers at their new shape. The caller's database is only read.
+rank traces. The rebuilt iteration is stored in a scratch database the caller makes
+(``Session.scratch_database``), decoded there by the same code as an ingest, loaded and replayed like
+any stored run (``predict_stored_run``), and summarised: the slowest stage's iteration, the throughput
+at the global batch the layout runs, its component split, its idle share, the share of CPU-side gaps
+kept as traced, and the operators no model covers at their new shape. The caller's database is only read.
 """
 
 from __future__ import annotations
