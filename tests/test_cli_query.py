@@ -26,8 +26,8 @@ def test_sql_on_missing_database_is_one_clear_line(db_path: Path) -> None:
     assert not db_path.exists()
 
 
-def test_sql_is_read_only_unless_write(db_path: Path) -> None:
-    with open_database(db_path):
+def test_sql_is_read_only_unless_write(db_path: Path, template_cache: Path) -> None:
+    with open_database(db_path, cache_dir=template_cache):
         pass
     denied = runner.invoke(app, ["sql", "create table t(a int)", "--db", str(db_path)])
     assert denied.exit_code == 2
@@ -36,8 +36,8 @@ def test_sql_is_read_only_unless_write(db_path: Path) -> None:
     assert allowed.exit_code == 0, allowed.output
 
 
-def test_sql_formats_and_file(db_path: Path, tmp_path: Path) -> None:
-    with open_database(db_path):
+def test_sql_formats_and_file(db_path: Path, tmp_path: Path, template_cache: Path) -> None:
+    with open_database(db_path, cache_dir=template_cache):
         pass
     query = tmp_path / "q.sql"
     query.write_text("select 42 as answer, 'x' as label")
@@ -49,8 +49,8 @@ def test_sql_formats_and_file(db_path: Path, tmp_path: Path) -> None:
     assert out.read_text().splitlines() == ['"answer","label"', '42,"x"']
 
 
-def test_sql_syntax_error_is_reported(db_path: Path) -> None:
-    with open_database(db_path):
+def test_sql_syntax_error_is_reported(db_path: Path, template_cache: Path) -> None:
+    with open_database(db_path, cache_dir=template_cache):
         pass
     result = runner.invoke(app, ["sql", "selec 1", "--db", str(db_path)])
     assert result.exit_code == 2

@@ -361,8 +361,8 @@ def test_gloo_work_linked_to_its_c10d_call_role_group_and_peer_from_layout() -> 
     assert (by_id(ops, 7)["family"], by_id(ops, 7)["flops"]) == ("gemm", 2 * 256 * 128 * 256)
 
 
-def test_decode_stored_run_without_events_writes_nothing(tmp_path: Path) -> None:
-    with open_database(tmp_path / "t.duckdb") as con:
+def test_decode_stored_run_without_events_writes_nothing(tmp_path: Path, template_cache: Path) -> None:
+    with open_database(tmp_path / "t.duckdb", cache_dir=template_cache) as con:
         con.execute("INSERT INTO runs (run_id, world_size) VALUES ('empty', 1)")
         summary = decode_stored_run(con, "empty")
         assert (summary.ranks, summary.operators, summary.best_iteration) == (0, 0, None)

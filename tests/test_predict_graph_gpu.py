@@ -23,17 +23,17 @@ H200 = SHARED_DATA / "gpu" / "h200"
 
 
 @pytest.fixture(scope="module")
-def h200_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def h200_db(tmp_path_factory: pytest.TempPathFactory, template_cache: Path) -> Path:
     db = tmp_path_factory.mktemp("h200") / "h200.duckdb"
-    with open_database(db) as con:
+    with open_database(db, cache_dir=template_cache) as con:
         ingest_runs(con, [H200 / "gpt_h2048_l8_bf16", H200 / "demo_tiny"], IngestOptions(workers=1))
     return db
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("run", ["gpt_h2048_l8_bf16", "demo_tiny"])
-def test_the_dependency_replay_holds_on_h200_traces(h200_db: Path, run: str) -> None:
-    with open_database(h200_db) as con:
+def test_the_dependency_replay_holds_on_h200_traces(h200_db: Path, run: str, template_cache: Path) -> None:
+    with open_database(h200_db, cache_dir=template_cache) as con:
         stored = load_iteration(con, run)
     assert stored.inputs.carry_in.height >= (1 if run == "gpt_h2048_l8_bf16" else 0)
     report = slack_report(predict_iteration(stored.inputs)).filter(pl.col("component") == "iteration")

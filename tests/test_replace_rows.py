@@ -23,8 +23,10 @@ def _stored(con: duckdb.DuckDBPyConnection) -> list[tuple[str, str, str, int]]:
     return [tuple(r) for r in con.execute(query).fetchall()]
 
 
-def test_replace_rows_deletes_by_condition_inserts_and_returns_what_it_deleted(db_path: Path) -> None:
-    with open_database(db_path) as con:
+def test_replace_rows_deletes_by_condition_inserts_and_returns_what_it_deleted(
+    db_path: Path, template_cache: Path
+) -> None:
+    with open_database(db_path, cache_dir=template_cache) as con:
         replace_rows(
             con, MODELS, _models(("a", "x", "gemm", 1), ("b", "x", "norm", 2), ("c", "y", "gemm", 3)), where="false"
         )
@@ -38,8 +40,8 @@ def test_replace_rows_deletes_by_condition_inserts_and_returns_what_it_deleted(d
         assert _stored(con) == [("c", "y", "gemm", 3)]
 
 
-def test_replace_rows_upserts_by_key_through_the_new_rows_view(db_path: Path) -> None:
-    with open_database(db_path) as con:
+def test_replace_rows_upserts_by_key_through_the_new_rows_view(db_path: Path, template_cache: Path) -> None:
+    with open_database(db_path, cache_dir=template_cache) as con:
         replace_rows(con, MODELS, _models(("a", "x", "gemm", 1), ("b", "x", "norm", 2)), where="false")
         replace_rows(
             con, MODELS, _models(("b", "x", "norm", 20), ("e", "x", "loss", 5)),
@@ -48,9 +50,9 @@ def test_replace_rows_upserts_by_key_through_the_new_rows_view(db_path: Path) ->
         assert _stored(con) == [("a", "x", "gemm", 1), ("b", "x", "norm", 20), ("e", "x", "loss", 5)]
 
 
-def test_replace_rows_is_all_or_nothing(db_path: Path) -> None:
+def test_replace_rows_is_all_or_nothing(db_path: Path, template_cache: Path) -> None:
     """An insert that fails (a value the column cannot hold) leaves the deleted rows in place."""
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         replace_rows(con, MODELS, _models(("a", "x", "gemm", 1)), where="false")
         bad = pa.table({"model_id": ["z"], "cluster": ["x"], "family": ["gemm"], "n_train": ["many"]})
         with pytest.raises(duckdb.Error):

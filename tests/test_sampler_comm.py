@@ -54,7 +54,7 @@ def test_shipped_comm_configs_and_bad_settings(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_every_collective_over_two_gloo_ranks(db_path: Path, tmp_path: Path) -> None:
+def test_every_collective_over_two_gloo_ranks(db_path: Path, tmp_path: Path, template_cache: Path) -> None:
     settings = CommSettings("local", sizes_bytes=(4096, 1 << 18), repeats=4, warmup=1)
     table = spawn_local(settings, 2)
     rows = table.to_pylist()
@@ -66,7 +66,7 @@ def test_every_collective_over_two_gloo_ranks(db_path: Path, tmp_path: Path) -> 
         assert (r["group_size"], r["nodes"], r["gpus_per_node"]) == (2, 1, 2)
         assert r["median_ns"] > 0 and 0 < r["min_ns"] <= r["median_ns"] and r["iqr_ns"] >= 0
         assert r["repeats"] == 4 and r["dtype"] == "float32" and r["nccl_version"] is None
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         assert write_samples(con, table) == len(rows)
         stored = {r[0] for r in con.execute("SELECT sample_id FROM samples").fetchall()}
     # resume: ranks skip the points whose ids are stored
@@ -75,7 +75,7 @@ def test_every_collective_over_two_gloo_ranks(db_path: Path, tmp_path: Path) -> 
     out = tmp_path / "comm.parquet"
     assert write_samples_parquet(table, out) == len(rows)
     assert pq.read_table(out).num_rows == len(rows)
-    with open_database(tmp_path / "other.duckdb") as con:
+    with open_database(tmp_path / "other.duckdb", cache_dir=template_cache) as con:
         assert import_parquet(con, out) == len(rows)
 
 

@@ -21,12 +21,12 @@ def _gemm_points() -> list[GridPoint]:
 
 
 @pytest.mark.slow
-def test_ci_grid_samples_every_family_and_direction_and_resumes(db_path: Path) -> None:
+def test_ci_grid_samples_every_family_and_direction_and_resumes(db_path: Path, template_cache: Path) -> None:
     import torch
 
     grid = load_grid("ci")
     settings = ComputeSettings(cluster="ci-cpu", warmup=1, repeats=3, source_file=grid.source)
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         report = sample_compute(con, grid.points, settings)
         assert (report.planned, report.already_stored, report.skipped) == (len(grid.points), 0, [])
         assert report.written == len(grid.points)
@@ -58,23 +58,25 @@ def test_ci_grid_samples_every_family_and_direction_and_resumes(db_path: Path) -
         assert con.execute("SELECT count(*) FROM samples").fetchall() == [(len(grid.points),)]
 
 
-def test_shards_together_write_the_whole_grid_once(db_path: Path) -> None:
+def test_shards_together_write_the_whole_grid_once(db_path: Path, template_cache: Path) -> None:
     points = _gemm_points()[:6]
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         written = [sample_compute(con, shard(points, 3, k), FAST).written for k in (1, 2, 3)]
         assert written == [2, 2, 2]
         assert sample_compute(con, points, FAST).written == 0
         assert con.execute("SELECT count(DISTINCT sample_id) FROM samples").fetchall() == [(6,)]
 
 
-def test_an_interrupted_run_keeps_what_it_measured_and_the_next_run_continues(db_path: Path) -> None:
+def test_an_interrupted_run_keeps_what_it_measured_and_the_next_run_continues(
+    db_path: Path, template_cache: Path
+) -> None:
     points = _gemm_points()[:5]
 
     def stop_after_two(done: int, total: int, label: str) -> None:
         if done == 2:
             raise KeyboardInterrupt
 
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         with pytest.raises(KeyboardInterrupt):
             sample_compute(con, points, FAST, progress=stop_after_two)
         assert con.execute("SELECT count(*) FROM samples").fetchall() == [(2,)]
@@ -82,7 +84,9 @@ def test_an_interrupted_run_keeps_what_it_measured_and_the_next_run_continues(db
         assert (report.already_stored, report.written) == (2, 3)
 
 
-def test_points_torch_cannot_run_are_skipped_with_its_reason(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_points_torch_cannot_run_are_skipped_with_its_reason(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, template_cache: Path
+) -> None:
     points = _gemm_points()[:2]
     real_build = cases.build
 
@@ -92,18 +96,18 @@ def test_points_torch_cannot_run_are_skipped_with_its_reason(db_path: Path, monk
         return real_build(point, device, autograd)
 
     monkeypatch.setattr(cases, "build", build)
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         report = sample_compute(con, points, FAST)
         assert report.written == 1
         assert report.skipped_reasons() == {"RuntimeError: \"addmm_impl_cpu_\" not implemented for 'Half'": 1}
         assert con.execute("SELECT count(*) FROM samples").fetchall() == [(1,)]
 
 
-def test_a_malformed_point_fails_before_anything_is_timed_or_written(db_path: Path) -> None:
+def test_a_malformed_point_fails_before_anything_is_timed_or_written(db_path: Path, template_cache: Path) -> None:
     good = _gemm_points()[:1]
     bad = GridPoint("gemm", "aten::mm", "fwd", "float32", (("m", 4), ("n", 4)))
     no_bwd = GridPoint("elementwise", "aten::add", "bwd", "float32", (("tokens", 4), ("hidden", 4)))
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         with pytest.raises(SampleError, match="missing: k"):
             sample_compute(con, [*good, bad], FAST)
         with pytest.raises(SampleError, match="aten::add has no backward"):
@@ -111,30 +115,30 @@ def test_a_malformed_point_fails_before_anything_is_timed_or_written(db_path: Pa
         assert con.execute("SELECT count(*) FROM samples").fetchall() == [(0,)]
 
 
-def test_cpu_threads_are_restored_and_recorded(db_path: Path) -> None:
+def test_cpu_threads_are_restored_and_recorded(db_path: Path, template_cache: Path) -> None:
     import torch
 
     before = torch.get_num_threads()
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         sample_compute(con, _gemm_points()[:1], FAST)
         params = con.execute("SELECT params_json FROM samples").fetchall()[0][0]
     assert torch.get_num_threads() == before
     assert '"threads":1' in params and '"input_dims":[[32,32],[32,64]]' in params
 
 
-def test_the_same_point_on_another_cluster_is_another_sample(db_path: Path) -> None:
+def test_the_same_point_on_another_cluster_is_another_sample(db_path: Path, template_cache: Path) -> None:
     point = _gemm_points()[:1]
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         sample_compute(con, point, FAST)
         other = ComputeSettings(cluster="other", warmup=0, repeats=1)
         assert sample_compute(con, point, other).written == 1
         assert con.execute("SELECT iqr_ns FROM samples WHERE cluster = 'other'").fetchall() == [(None,)]
 
 
-def test_inference_forward_samples_are_distinct_from_training_ones(db_path: Path) -> None:
+def test_inference_forward_samples_are_distinct_from_training_ones(db_path: Path, template_cache: Path) -> None:
     point = _gemm_points()[:1]
     assert point[0].direction == "fwd"
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         sample_compute(con, point, FAST)
         inference = ComputeSettings(cluster="ci-cpu", warmup=1, repeats=3, autograd=False)
         assert sample_compute(con, point, inference).written == 1  # not "already stored"
@@ -143,9 +147,9 @@ def test_inference_forward_samples_are_distinct_from_training_ones(db_path: Path
     assert ['"autograd":true' in f for f in flags].count(True) == 1
 
 
-def test_the_timing_method_is_recorded_and_profiler_samples_are_distinct(db_path: Path) -> None:
+def test_the_timing_method_is_recorded_and_profiler_samples_are_distinct(db_path: Path, template_cache: Path) -> None:
     point = _gemm_points()[:1]
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         sample_compute(con, point, FAST)
         profiled = ComputeSettings(cluster="ci-cpu", warmup=1, repeats=3, timing="profiler")
         assert sample_compute(con, point, profiled).written == 1  # not "already stored"
@@ -156,8 +160,10 @@ def test_the_timing_method_is_recorded_and_profiler_samples_are_distinct(db_path
     assert all(r[1] > 0 and r[2] == 3 for r in rows)
 
 
-def test_a_timing_method_the_device_cannot_use_fails_before_anything_is_written(db_path: Path) -> None:
-    with open_database(db_path) as con:
+def test_a_timing_method_the_device_cannot_use_fails_before_anything_is_written(
+    db_path: Path, template_cache: Path
+) -> None:
+    with open_database(db_path, cache_dir=template_cache) as con:
         with pytest.raises(SampleError, match="--timing cuda_events cannot time on cpu"):
             sample_compute(con, _gemm_points()[:1], ComputeSettings(cluster="c", timing="cuda_events"))
         assert con.execute("SELECT count(*) FROM samples").fetchall() == [(0,)]

@@ -20,11 +20,11 @@ def _points(n: int) -> list[GridPoint]:
     return [p for p in load_grid("ci").points if p.family in ("gemm", "elementwise")][:n]
 
 
-def test_two_processes_sample_every_point_once_and_record_it(db_path: Path) -> None:
+def test_two_processes_sample_every_point_once_and_record_it(db_path: Path, template_cache: Path) -> None:
     points = _points(8)
     two = ComputeSettings(cluster="ci-cpu", warmup=1, repeats=3, processes=2)
     seen: list[int] = []
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         report = sample_compute(con, points, two, progress=lambda done, total, label: seen.append(done))
         assert (report.planned, report.written, report.skipped) == (8, 8, [])
         assert seen == list(range(1, 9))
@@ -73,18 +73,18 @@ def test_a_worker_sample_error_stops_the_run_with_its_message() -> None:
         list(measure_concurrently(todo, measure, 2, nullcontext))
 
 
-def test_processes_must_be_positive_and_cpu_only(db_path: Path) -> None:
-    with open_database(db_path) as con:
+def test_processes_must_be_positive_and_cpu_only(db_path: Path, template_cache: Path) -> None:
+    with open_database(db_path, cache_dir=template_cache) as con:
         with pytest.raises(SampleError, match="--processes must be ≥ 1"):
             sample_compute(con, _points(1), ComputeSettings(cluster="c", processes=0))
         assert con.execute("SELECT count(*) FROM samples").fetchall() == [(0,)]
 
 
-def test_passes_spread_the_repeats_and_merge_them_into_one_sample(db_path: Path) -> None:
+def test_passes_spread_the_repeats_and_merge_them_into_one_sample(db_path: Path, template_cache: Path) -> None:
     points = _points(4)
     settings = ComputeSettings(cluster="ci-cpu", warmup=1, repeats=2, passes=3, processes=2)
     totals: set[int] = set()
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         report = sample_compute(con, points, settings, progress=lambda done, total, label: totals.add(total))
         assert (report.planned, report.written) == (4, 4)
         assert totals == {12}  # 3 passes over 4 points
@@ -95,7 +95,9 @@ def test_passes_spread_the_repeats_and_merge_them_into_one_sample(db_path: Path)
         assert orjson.loads(params)["passes"] == 3
 
 
-def test_a_point_skipped_in_the_first_pass_is_not_timed_again(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_point_skipped_in_the_first_pass_is_not_timed_again(
+    db_path: Path, monkeypatch: pytest.MonkeyPatch, template_cache: Path
+) -> None:
     from tracecal.samplers import cases
 
     points = _points(2)
@@ -110,10 +112,13 @@ def test_a_point_skipped_in_the_first_pass_is_not_timed_again(db_path: Path, mon
 
     monkeypatch.setattr(cases, "build", build)
     settings = ComputeSettings(cluster="ci-cpu", warmup=0, repeats=1, passes=3)
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         report = sample_compute(con, points, settings)
         assert report.written == 1 and len(report.skipped) == 1
         assert con.execute("SELECT repeats FROM samples").fetchall() == [(3,)]
     assert builds.count(points[0]) == 1 and builds.count(points[1]) == 3
-    with open_database(db_path) as con, pytest.raises(SampleError, match="--passes must be ≥ 1"):
+    with (
+        open_database(db_path, cache_dir=template_cache) as con,
+        pytest.raises(SampleError, match="--passes must be ≥ 1"),
+    ):
         sample_compute(con, points[1:], ComputeSettings(cluster="other", passes=0))

@@ -50,8 +50,10 @@ def _tiny_run(con: duckdb.DuckDBPyConnection, run_id: str = "tiny") -> None:
         )
 
 
-def test_traced_calls_map_to_points_with_their_shapes_and_reasons_for_the_rest(db_path: Path) -> None:
-    with open_database(db_path) as con:
+def test_traced_calls_map_to_points_with_their_shapes_and_reasons_for_the_rest(
+    db_path: Path, template_cache: Path
+) -> None:
+    with open_database(db_path, cache_dir=template_cache) as con:
         _tiny_run(con)
         plan = run_points(con, "tiny", ["float32", "float16"])
     assert plan.training  # the run has a backward phase
@@ -109,8 +111,8 @@ def test_without_dtype_a_fused_optimizer_call_is_reported_not_guessed() -> None:
     assert isinstance(reason, str) and "pass --dtype" in reason
 
 
-def test_unknown_run_and_run_without_compute_ops(db_path: Path) -> None:
-    with open_database(db_path) as con:
+def test_unknown_run_and_run_without_compute_ops(db_path: Path, template_cache: Path) -> None:
+    with open_database(db_path, cache_dir=template_cache) as con:
         _tiny_run(con)
         with pytest.raises(RunNotFoundError, match=r"run 'nope' is not in the database \(runs: tiny\)"):
             run_points(con, "nope")
@@ -120,13 +122,13 @@ def test_unknown_run_and_run_without_compute_ops(db_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_from_run_samples_the_gemm_shapes_of_an_ingested_shared_trace(db_path: Path) -> None:
+def test_from_run_samples_the_gemm_shapes_of_an_ingested_shared_trace(db_path: Path, template_cache: Path) -> None:
     """BERT inference on an H100 (bf16): after ingest, every traced GEMM shape is sampled on this CPU,
     and samples join the operators table on the shape columns."""
     from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 
     trace = KINETO / "single" / "h100_bert_small_inference.json.gz"
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         ingest_runs(con, [trace], IngestOptions(run_id="bert", workers=1))
         plan = run_points(con, "bert")
         assert all(p.direction == "fwd" for p in plan.points) and not plan.training  # inference

@@ -417,11 +417,11 @@ def test_a_timing_method_the_device_cannot_use_is_one_clear_error(method: str, d
     assert timing.default_timing("cuda:1") == "cuda_burst" and timing.default_timing("cpu") == "perf_counter"
 
 
-def test_compute_plan_filters_a_grid_and_asks_for_exactly_one_source(db_path: Path) -> None:
+def test_compute_plan_filters_a_grid_and_asks_for_exactly_one_source(db_path: Path, template_cache: Path) -> None:
     from tracecal.samplers.plan import compute_plan
     from tracecal.sql.connection import open_database
 
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         whole = compute_plan(con, config="ci")
         assert whole.autograd and whole.params_for is None and whole.source.endswith("ci.yml")
         norm = compute_plan(con, config="ci", families=["norm"], dtypes=["bfloat16"], inference=True)

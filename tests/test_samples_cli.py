@@ -54,8 +54,8 @@ def test_import_list_export_and_import_elsewhere(
     assert reflagged.exit_code == 0 and "cluster perlmutter: flagged" in reflagged.output
 
 
-def test_list_of_an_empty_database_says_what_to_do(db_path: Path) -> None:
-    with open_database(db_path):
+def test_list_of_an_empty_database_says_what_to_do(db_path: Path, template_cache: Path) -> None:
+    with open_database(db_path, cache_dir=template_cache):
         pass
     result = runner.invoke(app, ["samples", "list", "--db", str(db_path)])
     assert result.exit_code == 0
@@ -73,9 +73,9 @@ def test_list_of_an_empty_database_says_what_to_do(db_path: Path) -> None:
     ],
 )
 def test_bad_input_is_one_line_with_exit_2(
-    args: list[str], message: str, published: Path, tmp_path: Path, db_path: Path
+    args: list[str], message: str, published: Path, tmp_path: Path, db_path: Path, template_cache: Path
 ) -> None:
-    with open_database(db_path):
+    with open_database(db_path, cache_dir=template_cache):
         pass
     values = {"missing": str(tmp_path / "missing"), "published": str(published), "tmp": str(tmp_path)}
     result = runner.invoke(app, [a.format(**values) for a in args] + ["--db", str(db_path)])

@@ -172,12 +172,12 @@ def test_trend_residuals_are_zero_on_a_power_law() -> None:
     assert np.allclose(trend_residuals(work, 5.0 * work**0.8), 0.0, atol=1e-9)
 
 
-def test_reflag_cluster_judges_parts_together(db_path: Path) -> None:
+def test_reflag_cluster_judges_parts_together(db_path: Path, template_cache: Path) -> None:
     ms = list(range(1, 41))
     durs = [1000.0 * m for m in ms]
     durs[20] *= 10
     frame = _frame(_gemm(ms, durs))
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         # written in two parts of 20: neither part alone is a judged sweep
         write_samples(con, flag_samples(frame[:20]).to_arrow())
         write_samples(con, flag_samples(frame[20:]).to_arrow())

@@ -59,8 +59,8 @@ def test_sample_id_is_stable_and_order_independent() -> None:
     assert len(a) == 24
 
 
-def test_write_fills_missing_columns_with_null_and_upserts(db_path: Path) -> None:
-    with open_database(db_path) as con:
+def test_write_fills_missing_columns_with_null_and_upserts(db_path: Path, template_cache: Path) -> None:
+    with open_database(db_path, cache_dir=template_cache) as con:
         assert write_samples(con, _rows("local", [1, 2, 3])) == 3
         # the same ids again with new durations replace, a new id is added
         assert write_samples(con, _rows("local", [3, 4], dur=2000.0)) == 2
@@ -72,9 +72,9 @@ def test_write_fills_missing_columns_with_null_and_upserts(db_path: Path) -> Non
     assert frame["iqr_ns"].null_count() == 4  # absent, so NULL, never 0
 
 
-def test_bad_batch_writes_nothing(db_path: Path) -> None:
+def test_bad_batch_writes_nothing(db_path: Path, template_cache: Path) -> None:
     good = _rows("local", [1, 2])
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         write_samples(con, good)
         bad = pa.concat_tables([_rows("local", [5]), _rows("local", [5])])  # duplicate id
         with pytest.raises(SampleError, match="duplicate sample_id"):
@@ -88,9 +88,9 @@ def test_bad_batch_writes_nothing(db_path: Path) -> None:
         assert existing_sample_ids(con, "local") == set(good.column("sample_id").to_pylist())
 
 
-def test_read_filters_and_unknown_cluster(db_path: Path) -> None:
+def test_read_filters_and_unknown_cluster(db_path: Path, template_cache: Path) -> None:
     flagged = _rows("a", [10], direction="bwd").append_column("quality_flag", pa.array(["off_trend: test"]))
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         write_samples(con, pa.concat_tables([_rows("a", [1, 2]), _rows("b", [1])]))
         write_samples(con, flagged)
         assert read_samples(con, "a").height == 3
@@ -106,9 +106,9 @@ def test_read_filters_and_unknown_cluster(db_path: Path) -> None:
         ]
 
 
-def test_parquet_round_trip_between_databases(tmp_path: Path) -> None:
+def test_parquet_round_trip_between_databases(tmp_path: Path, template_cache: Path) -> None:
     out = tmp_path / "moved" / "local.parquet"
-    with open_database(tmp_path / "one.duckdb") as con:
+    with open_database(tmp_path / "one.duckdb", cache_dir=template_cache) as con:
         write_samples(con, pa.concat_tables([_rows("local", [1, 2, 3]), _rows("other", [9])]))
         assert export_parquet(con, out, cluster="local") == 3
         with pytest.raises(SampleError, match="no samples of cluster 'nope'"):
@@ -116,7 +116,7 @@ def test_parquet_round_trip_between_databases(tmp_path: Path) -> None:
         original = read_samples(con, "local")
     assert not (tmp_path / "x.parquet").exists()
     assert pq.read_schema(out).metadata[b"tracecal.table"] == b"samples"
-    with open_database(tmp_path / "two.duckdb") as con:
+    with open_database(tmp_path / "two.duckdb", cache_dir=template_cache) as con:
         assert import_parquet(con, out) == 3
         assert import_parquet(con, out.parent, cluster="local") == 3  # idempotent: upsert
         moved = read_samples(con, "local")
@@ -125,7 +125,7 @@ def test_parquet_round_trip_between_databases(tmp_path: Path) -> None:
     assert moved.equals(original)
 
 
-def test_every_sample_file_carries_table_schema_and_tracecal_version(tmp_path: Path) -> None:
+def test_every_sample_file_carries_table_schema_and_tracecal_version(tmp_path: Path, template_cache: Path) -> None:
     """An export and a sampler's hand-over file are written by one writer: the same metadata, and a
     batch that does not conform leaves no file (not even a partial one)."""
     from tracecal import __version__
@@ -134,7 +134,7 @@ def test_every_sample_file_carries_table_schema_and_tracecal_version(tmp_path: P
     rows = _rows("local", [1, 2])
     handed_over, exported = tmp_path / "sampler.parquet", tmp_path / "export.parquet"
     assert write_samples_parquet(rows, handed_over) == 2
-    with open_database(tmp_path / "x.duckdb") as con:
+    with open_database(tmp_path / "x.duckdb", cache_dir=template_cache) as con:
         write_samples(con, rows)
         assert export_parquet(con, exported) == 2
     for path in (handed_over, exported):
@@ -150,12 +150,12 @@ def test_every_sample_file_carries_table_schema_and_tracecal_version(tmp_path: P
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export.parquet", "sampler.parquet", "x.duckdb"]
 
 
-def test_import_parquet_bad_input(tmp_path: Path, db_path: Path) -> None:
+def test_import_parquet_bad_input(tmp_path: Path, db_path: Path, template_cache: Path) -> None:
     junk = tmp_path / "junk.parquet"
     junk.write_bytes(b"not parquet at all")
     foreign = tmp_path / "foreign.parquet"
     pq.write_table(pa.table({"x": [1]}), foreign)
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         with pytest.raises(InputNotFoundError, match="does not exist"):
             import_parquet(con, tmp_path / "missing.parquet")
         empty_dir = tmp_path / "empty"
@@ -181,9 +181,9 @@ _POINTS = st.lists(
 )
 
 
-def test_round_trip_through_duckdb_keeps_values_and_nulls(db_path: Path) -> None:
+def test_round_trip_through_duckdb_keeps_values_and_nulls(db_path: Path, template_cache: Path) -> None:
     examples = iter(range(1_000_000))
-    with open_database(db_path) as con:  # one database; every example writes its own cluster
+    with open_database(db_path, cache_dir=template_cache) as con:  # one database; every example writes its own cluster
 
         @settings(max_examples=30, deadline=None)
         @given(_POINTS)
@@ -213,8 +213,8 @@ def test_round_trip_through_duckdb_keeps_values_and_nulls(db_path: Path) -> None
         check()
 
 
-def test_listing_a_database_older_than_the_views_works_read_only(db_path: Path) -> None:
-    with open_database(db_path) as con:
+def test_listing_a_database_older_than_the_views_works_read_only(db_path: Path, template_cache: Path) -> None:
+    with open_database(db_path, cache_dir=template_cache) as con:
         con.execute("DROP VIEW samples_overview")  # as written by a tracecal without the view
     with open_database(db_path, read_only=True) as con:
         assert samples_overview(con).num_rows == 0

@@ -75,7 +75,9 @@ def test_built_in_sources_are_registered_once_and_recognise_their_inputs() -> No
     assert {f.format for f in discover_run(KINETO / "dlrm_8rank").files} == {"kineto"}
 
 
-def test_an_outside_source_is_discovered_and_ingested(outside_source: Source, tmp_path: Path) -> None:
+def test_an_outside_source_is_discovered_and_ingested(
+    outside_source: Source, tmp_path: Path, template_cache: Path
+) -> None:
     run_dir = tmp_path / "csv_run"
     run_dir.mkdir()
     (run_dir / "rank0.events.csv").write_text(
@@ -87,7 +89,7 @@ def test_an_outside_source_is_discovered_and_ingested(outside_source: Source, tm
     (run_dir / "notes.txt").write_text("not a rank file")
     found = discover_run(run_dir)
     assert [(f.path.name, f.format, f.path_rank) for f in found.files] == [("rank0.events.csv", "eventcsv", 0)]
-    with open_database(tmp_path / "x.duckdb") as con:
+    with open_database(tmp_path / "x.duckdb", cache_dir=template_cache) as con:
         report = ingest_runs(con, [run_dir], IngestOptions(workers=1))
         assert report.runs[0].format == "eventcsv" and report.runs[0].events == 3 and report.runs[0].kernels == 1
         assert con.execute("SELECT format, ranks_found FROM runs").fetchall() == [("eventcsv", 1)]
@@ -95,11 +97,16 @@ def test_an_outside_source_is_discovered_and_ingested(outside_source: Source, tm
     assert rows == [("cpu_op", "aten::mm"), ("cuda_runtime", "cudaLaunchKernel"), ("kernel", "gemm_kernel")]
 
 
-def test_a_bad_file_of_an_outside_source_is_one_line(outside_source: Source, tmp_path: Path) -> None:
+def test_a_bad_file_of_an_outside_source_is_one_line(
+    outside_source: Source, tmp_path: Path, template_cache: Path
+) -> None:
     run_dir = tmp_path / "bad"
     run_dir.mkdir()
     (run_dir / "rank0.events.csv").write_text('kind,name\n"unterminated\n')
-    with open_database(tmp_path / "x.duckdb") as con, pytest.raises(TracecalError, match=r"rank0\.events\.csv"):
+    with (
+        open_database(tmp_path / "x.duckdb", cache_dir=template_cache) as con,
+        pytest.raises(TracecalError, match=r"rank0\.events\.csv"),
+    ):
         ingest_runs(con, [run_dir], IngestOptions(workers=1))
 
 
@@ -128,7 +135,7 @@ LAID_OUT_CSV = replace(EVENT_CSV, relayout="tests.test_sources:StatedLayout")
 
 
 def test_the_layout_what_if_asks_the_runs_source(
-    outside_source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    outside_source: Source, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, template_cache: Path
 ) -> None:
     """``predict --layout`` reaches a run's source through the registry (``Source.relayout``): without one
     the run is refused naming the formats that have one; with one, the source reads the run's folder;
@@ -137,7 +144,7 @@ def test_the_layout_what_if_asks_the_runs_source(
     run_dir.mkdir()
     (run_dir / "rank0.events.csv").write_text("kind,name,ts_ns,dur_ns,pid,tid,correlation\ncpu_op,x,0,5,1,1,\n")
     (run_dir / "layout.txt").write_text("2x1x4")
-    with open_database(tmp_path / "x.duckdb") as con:
+    with open_database(tmp_path / "x.duckdb", cache_dir=template_cache) as con:
         ingest_runs(con, [run_dir], IngestOptions(workers=1))
         with pytest.raises(PredictionError, match=r"^run csv_run is a eventcsv trace: .* runs of gpumodeling25,"):
             run_layout(con, "csv_run")

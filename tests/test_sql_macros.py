@@ -23,18 +23,18 @@ from tracecal.sql.connection import open_database
     ],
 )
 def test_interval_union_counts_overlapped_time_once(
-    db_path: Path, intervals: list[tuple[int, int]], union_ns: int
+    db_path: Path, intervals: list[tuple[int, int]], union_ns: int, template_cache: Path
 ) -> None:
     rows = [("run", 0, 1, s, e) for s, e in intervals] + [("run", 1, 1, 0, 1000)]  # another rank stays apart
-    with open_database(db_path) as con:
+    with open_database(db_path, cache_dir=template_cache) as con:
         con.execute("CREATE TEMP TABLE spans (run_id VARCHAR, rank INTEGER, level INTEGER, s BIGINT, e BIGINT)")
         con.executemany("INSERT INTO spans VALUES (?, ?, ?, ?, ?)", rows)
         got = con.execute("SELECT rank, level, union_ns FROM interval_union('spans') ORDER BY rank").fetchall()
     assert got == [(0, 1, union_ns), (1, 1, 1000)]
 
 
-def test_interval_union_reads_a_cte_of_the_calling_query(db_path: Path) -> None:
-    with open_database(db_path) as con:
+def test_interval_union_reads_a_cte_of_the_calling_query(db_path: Path, template_cache: Path) -> None:
+    with open_database(db_path, cache_dir=template_cache) as con:
         got = con.execute(
             "WITH levels AS (SELECT * FROM (VALUES ('run', 0, 1, 0, 4), ('run', 0, 2, 0, 4), ('run', 0, 2, 2, 9))"
             " AS v(run_id, rank, level, s, e))"
