@@ -1,10 +1,18 @@
-"""Shared fixtures: paths to the real traces in ../shared and a fresh database per test."""
+"""Shared fixtures: paths to the real traces in ../shared and a fresh database per test.
+
+The trained workload runs are made once per ``pytest`` run, also when pytest-xdist runs the tests in
+several worker processes: the first worker to ask for one trains it under a file lock in the run's
+common temporary directory, and the others wait for it and read it.
+"""
 
 from __future__ import annotations
 
+import fcntl
+import os
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -29,6 +37,26 @@ _PROGRESS_LINE = re.compile(r"^.+ \d+/\d+ \(\d+ s\)$")
 def without_progress(output: str) -> list[str]:
     """The lines of a command's output that are not progress lines: what it says about its result."""
     return [line for line in output.strip().splitlines() if not _PROGRESS_LINE.match(line)]
+
+
+def session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The temporary directory every process of this ``pytest`` run sees: under pytest-xdist the parent
+    of the workers' own directories, else the session's."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@contextmanager
+def built_once(path: Path) -> Iterator[bool]:
+    """Hold ``path``'s lock (other test processes wait) and say whether ``path`` is still to be built.
+    A builder makes ``path`` last (a rename), so that a failed build leaves nothing that looks done."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / f".{path.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield not path.exists()
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture
@@ -87,13 +115,16 @@ def workload_run_args(cfg: WorkloadConfig, out: Path) -> list[str]:
 @dataclass
 class TinyLayoutRuns:
     """The runs of ``TINY_LAYOUTS`` (pp2, tp2, dp2, pp2tp2 at ``TINY`` size), each trained once per
-    session when first asked for: ``tiny_layouts("tp2")`` -> its run directory. PP2 is trained through
-    ``tracecal workload run`` (``cli_output`` keeps what it printed), the others through ``run_local``.
-    Tests only read the runs."""
+    ``pytest`` run when first asked for: ``tiny_layouts("tp2")`` -> its run directory. PP2 is trained
+    through ``tracecal workload run`` (``cli_output`` keeps what it printed), the others through
+    ``run_local``. Tests only read the runs."""
 
     root: Path
-    runs: dict[str, Path] = field(default_factory=dict)
-    cli_output: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def cli_output(self) -> dict[str, str]:
+        """What ``tracecal workload run`` printed, per layout it trained."""
+        return {file.stem: file.read_text() for file in (self.root / "cli_output").glob("*.txt")}
 
     def __call__(self, layout: str) -> Path:
         from typer.testing import CliRunner
@@ -101,22 +132,22 @@ class TinyLayoutRuns:
         from tracecal.cli.main import app
         from tracecal.workload import TINY_LAYOUTS, run_local
 
-        if layout not in self.runs:
-            cfg, out = TINY_LAYOUTS[layout], self.root / f"gpt_tiny_{layout}"
-            if layout == "pp2":
+        cfg, out = TINY_LAYOUTS[layout], self.root / f"gpt_tiny_{layout}"
+        with built_once(out) as to_build:
+            if to_build and layout == "pp2":
                 result = CliRunner().invoke(app, workload_run_args(cfg, out))
                 assert result.exit_code == 0, result.output
-                self.cli_output[layout] = result.output
-                self.runs[layout] = out
-            else:
-                self.runs[layout] = run_local(cfg, out).out_dir
-        return self.runs[layout]
+                (self.root / "cli_output").mkdir(exist_ok=True)
+                (self.root / "cli_output" / f"{layout}.txt").write_text(result.output)
+            elif to_build:
+                run_local(cfg, out)
+        return out
 
 
 @pytest.fixture(scope="session")
 def tiny_layouts(tmp_path_factory: pytest.TempPathFactory) -> TinyLayoutRuns:
-    """The reference workload's CI layouts, trained once per session (≈ 5–10 s each on two cores)."""
-    return TinyLayoutRuns(tmp_path_factory.mktemp("tiny_layouts"))
+    """The reference workload's CI layouts, trained once per ``pytest`` run (≈ 5–10 s each on two cores)."""
+    return TinyLayoutRuns(session_root(tmp_path_factory) / "tiny_layouts")
 
 
 @pytest.fixture(scope="session")
@@ -127,17 +158,17 @@ def tiny_workload(tmp_path_factory: pytest.TempPathFactory, tiny_layouts: TinyLa
     that layout's run."""
     from tracecal.workload import TINY, TINY_LAYOUTS, run_local
 
-    root = tmp_path_factory.mktemp("tiny_workload")
-    made: dict[tuple[int, int], Path] = {}
+    root = session_root(tmp_path_factory) / "tiny_workload"
 
     def run(pp: int, hidden: int) -> Path:
-        if (pp, hidden) not in made:
-            cfg = replace(TINY, pp=pp, hidden=hidden)
-            layout = next((name for name, c in TINY_LAYOUTS.items() if c == cfg), None)
-            if layout is not None:
-                made[pp, hidden] = tiny_layouts(layout)
-            else:
-                made[pp, hidden] = run_local(cfg, root / f"gpt_tiny_pp{pp}_h{hidden}").out_dir
-        return made[pp, hidden]
+        cfg = replace(TINY, pp=pp, hidden=hidden)
+        layout = next((name for name, c in TINY_LAYOUTS.items() if c == cfg), None)
+        if layout is not None:
+            return tiny_layouts(layout)
+        out = root / f"gpt_tiny_pp{pp}_h{hidden}"
+        with built_once(out) as to_build:
+            if to_build:
+                run_local(cfg, out)
+        return out
 
     return run

@@ -51,10 +51,12 @@ def test_equal_iterations_have_no_share() -> None:
 
 
 @pytest.fixture(scope="module")
-def workload_db(tiny_workload: Callable[[int, int], Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def workload_db(
+    tiny_workload: Callable[[int, int], Path], tmp_path_factory: pytest.TempPathFactory, template_cache: Path
+) -> Path:
     """One-rank runs at hidden 64 and 512: no pipeline or collective waits to blur what changed."""
     db = tmp_path_factory.mktemp("diff") / "w.duckdb"
-    with open_database(db) as con:
+    with open_database(db, cache_dir=template_cache) as con:
         for hidden in (64, 512):
             ingest_runs(con, [tiny_workload(1, hidden)], IngestOptions(workers=1, run_id=f"h{hidden}"))
     return db
@@ -109,9 +111,9 @@ class DoubleFamily:
         return np.where(hit, rows["dur_ns"].cast(pl.Float64).to_numpy() * 2.0, np.nan)
 
 
-def test_predicted_diff_names_the_family_the_model_changed(tmp_path: Path) -> None:
+def test_predicted_diff_names_the_family_the_model_changed(tmp_path: Path, template_cache: Path) -> None:
     db = tmp_path / "dlrm.duckdb"
-    with open_database(db) as con:
+    with open_database(db, cache_dir=template_cache) as con:
         ingest_runs(con, [KINETO / "dlrm_8rank"], IngestOptions(workers=1))
         d = diff_predicted(con, "dlrm_8rank", DoubleFamily("gemm"), "family")
         by_component = diff_predicted(con, "dlrm_8rank", DoubleFamily("memcpy"), "component")

@@ -73,8 +73,8 @@ def test_dlrm_faster_compute_shortens_the_iteration(dlrm_db: Path) -> None:
     assert (it_slow >= it_base).all() and (it_slow > it_base).any()
 
 
-def test_stored_results_are_replaced_not_duplicated(dlrm_db: Path, tmp_path: Path) -> None:
-    with open_database(dlrm_db) as con:
+def test_stored_results_are_replaced_not_duplicated(dlrm_db: Path, tmp_path: Path, template_cache: Path) -> None:
+    with open_database(dlrm_db, cache_dir=template_cache) as con:
         for _ in range(2):
             _, pred = predict_stored_run(con, "dlrm_8rank", mode="measured")
             store_prediction(con, "dlrm_8rank", pred)
@@ -150,12 +150,12 @@ def test_cli_predict_errors_are_one_line(dlrm_db: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def workload_db(tmp_path_factory: pytest.TempPathFactory, tiny_layouts: TinyLayoutRuns) -> Path:
+def workload_db(tmp_path_factory: pytest.TempPathFactory, tiny_layouts: TinyLayoutRuns, template_cache: Path) -> Path:
     from tracecal.workload import TINY_LAYOUTS
 
     dirs = [tiny_layouts(name) for name in TINY_LAYOUTS]
     db = tmp_path_factory.mktemp("workload") / "w.duckdb"
-    with open_database(db) as con:
+    with open_database(db, cache_dir=template_cache) as con:
         ingest_runs(con, dirs, IngestOptions(workers=1))
     return db
 
@@ -220,9 +220,9 @@ OTHER_TRACES = [
 
 
 @pytest.fixture(scope="module")
-def shared_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def shared_db(tmp_path_factory: pytest.TempPathFactory, template_cache: Path) -> Path:
     db = tmp_path_factory.mktemp("shared") / "shared.duckdb"
-    with open_database(db) as con:
+    with open_database(db, cache_dir=template_cache) as con:
         ingest_runs(con, OTHER_TRACES, IngestOptions(workers=1))
     return db
 

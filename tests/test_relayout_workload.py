@@ -127,7 +127,7 @@ def test_invalid_layouts_get_one_line() -> None:
 
 
 @pytest.mark.slow
-def test_predict_layout_cli_and_identity(tiny_workload, tmp_path: Path) -> None:
+def test_predict_layout_cli_and_identity(tiny_workload, tmp_path: Path, template_cache: Path) -> None:
     """The command end to end on a traced run; its own layout replays today's graph."""
     from typer.testing import CliRunner
 
@@ -140,7 +140,7 @@ def test_predict_layout_cli_and_identity(tiny_workload, tmp_path: Path) -> None:
 
     run = tiny_workload(1, 64)
     db = tmp_path / "w.duckdb"
-    with open_database(db) as con:
+    with open_database(db, cache_dir=template_cache) as con:
         ingest_runs(con, [run], IngestOptions(workers=1))
         own = predict_layout(con, run.name, Layout(1, 1, 1), scratch=Session(db).scratch_database, mode="measured")
         _, today = predict_stored_run(con, run.name, mode="measured", compare=False)
