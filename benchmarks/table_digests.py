@@ -24,9 +24,10 @@ import duckdb
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
-# Columns that differ between two ingests of the same input: when and how long, and by which build.
+# Columns that differ between two ingests of the same input: when and how long, by which build, and
+# the name of the run's folder in the event store (a random token per ingest).
 VOLATILE = {
-    "runs": {"ingest_seconds", "ingested_at", "tool_version"},
+    "runs": {"ingest_seconds", "ingested_at", "tool_version", "events_dir"},
     "samples_overview": {"last_sampled_at"},
 }
 # Rows that name the build rather than the data: the fingerprint of the schema's .sql files moves with
@@ -48,6 +49,7 @@ def shared_inputs(shared: Path) -> list[Path]:
 def digest_database(db: Path) -> dict[str, list[int]]:
     """``{table or view: [rows, xor of row hashes, sum of row hashes mod 2**64]}``."""
     con = duckdb.connect(str(db), read_only=True)
+    con.execute("SET file_search_path = ?", [str(db.parent)])  # where the events view's files are
     try:
         names = [
             row[0]

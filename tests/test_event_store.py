@@ -9,7 +9,7 @@ from pathlib import Path
 import duckdb
 import pytest
 
-from tracecal.errors import RankConflictError
+from tracecal.errors import RankConflictError, TraceFormatError
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.schema import EVENTS
 from tracecal.sql.connection import open_database
@@ -99,3 +99,13 @@ def test_folders_no_run_names_are_removed_and_a_lost_folder_is_left_out(tmp_path
         assert not orphan.exists() and mine.is_dir()
         assert {r for r, _, _ in con.execute(COUNT).fetchall()} == {"kept"}
         assert con.execute("SELECT count(*) FROM ranks WHERE run_id = 'lost'").fetchall() == [(1,)]
+
+
+def test_a_refused_first_ingest_leaves_no_store(tmp_path: Path) -> None:
+    run = tmp_path / "bad"
+    run.mkdir()
+    (run / "rank-0.json").write_text('{"traceEvents": [{"ph": "X", "name": "a"}]}')  # no ts: refused
+    db = tmp_path / "t.duckdb"
+    with open_database(db) as con, pytest.raises(TraceFormatError):
+        ingest_runs(con, [run], IngestOptions(workers=1))
+    assert not event_store_dir(db).exists()

@@ -1,10 +1,10 @@
 """The event store: every rank's events as one Parquet file beside the database, read through the
 ``events`` view.
 
-A run's events are most of a database's bytes and most of an ingest's load: inserting them into a
-DuckDB table re-reads and re-compresses every event a worker already wrote to a Parquet shard (a
-sixth of a whole ingest's CPU, all of it in the one loader process). So they are not inserted: the
-shard itself is kept, renamed into the store, and ``events`` is a view that reads the store's files.
+A run's events are most of a database's bytes and were most of the loader's work: inserting them
+into a DuckDB table re-reads and re-compresses every event a worker has already written to a Parquet
+shard, all of it in the one loader process while the workers wait for it. So they are not inserted:
+the shard itself is kept, renamed into the store, and ``events`` is a view that reads the store's files.
 The other tables (operators, collectives, iterations, ...) stay in the database file.
 
 Layout, for a database ``runs/tracecal.duckdb``::
@@ -144,9 +144,13 @@ class EventStore:
         self.replaced, self.written = [], []
 
     def after_rollback(self) -> None:
-        """Delete the directories written for runs that were rolled back; what they replaced stays."""
+        """Delete the directories written for runs that were rolled back (and the store itself when
+        that leaves it empty: a refused first ingest writes nothing beside the database); what they
+        replaced stays."""
         for path in self.written:
             shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(OSError):  # not empty, or gone
+            self.root.rmdir()
         self.replaced, self.written = [], []
 
     def remove_orphans(self) -> list[Path]:
