@@ -1,6 +1,6 @@
 """Shared fixtures: paths to the real traces in ../shared and a fresh database per test.
 
-The trained workload runs are made once per ``pytest`` run, also when pytest-xdist runs the tests in
+The ingested runs and trained workload runs are made once per ``pytest`` run, also when pytest-xdist runs the tests in
 several worker processes: the first worker to ask for one trains it under a file lock in the run's
 common temporary directory, and the others wait for it and read it.
 """
@@ -8,8 +8,10 @@ common temporary directory, and the others wait for it and read it.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import re
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -72,25 +74,26 @@ def template_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def ingested_copy(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+def ingested_copy(tmp_path_factory: pytest.TempPathFactory, template_cache: Path) -> Callable[..., Path]:
     """``ingested_copy(*runs, cluster=None)`` -> a new database holding ``runs``, ingested (one worker)
-    once per session and copied for each caller: a module that writes predictions or more runs into
-    its copy cannot change another's, and no run is ingested twice."""
+    once per ``pytest`` run and copied for each caller: a module that writes predictions or more runs
+    into its copy cannot change another's, and no run is ingested twice."""
     from tracecal.pipeline.ingest import IngestOptions, ingest_runs
     from tracecal.sql.connection import open_database
     from tracecal.sql.event_store import copy_database
 
-    made: dict[tuple[tuple[Path, ...], str | None], Path] = {}
-
     def copy(*runs: Path, cluster: str | None = None) -> Path:
-        key = (runs, cluster)
-        if key not in made:
-            db = tmp_path_factory.mktemp("ingested") / "ingested.duckdb"
-            with open_database(db) as con:
-                ingest_runs(con, list(runs), IngestOptions(cluster=cluster, workers=1))
-            made[key] = db
+        key = hashlib.sha1(repr(([str(run) for run in runs], cluster)).encode()).hexdigest()[:12]
+        folder = session_root(tmp_path_factory) / "ingested" / f"{runs[0].name}-{key}"
+        with built_once(folder) as to_build:
+            if to_build:  # ingested beside the folder, which then takes its name
+                staging = folder.with_name(f".{folder.name}.partial")
+                shutil.rmtree(staging, ignore_errors=True)
+                with open_database(staging / "ingested.duckdb", cache_dir=template_cache) as con:
+                    ingest_runs(con, list(runs), IngestOptions(cluster=cluster, workers=1))
+                staging.rename(folder)
         target = tmp_path_factory.mktemp("ingested_copy") / f"{runs[0].name}.duckdb"
-        return copy_database(made[key], target)
+        return copy_database(folder / "ingested.duckdb", target)
 
     return copy
 
