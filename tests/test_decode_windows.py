@@ -15,7 +15,6 @@ from typing import Any
 
 import duckdb
 import numpy as np
-import pyarrow as pa
 import pytest
 from decode_helpers import events, kernel, launch, op, step
 
@@ -25,10 +24,11 @@ from tracecal.decode.iterations import iteration_windows
 from tracecal.decode.link import with_end
 from tracecal.decode.rank import decode_ranks
 from tracecal.decode.windows import RankWindow, crossing_windows, events_per_iteration, window_firsts
+from tracecal.ingest.shards import write_shard
 from tracecal.pipeline.ingest import IngestOptions, ingest_runs
 from tracecal.schema import EVENTS, arrow_schema
 from tracecal.sql.connection import open_database
-from tracecal.sql.loaders import insert_events
+from tracecal.sql.event_store import EventStore, rank_file, refresh_events_view
 from tracecal.vocabulary import ParallelLayout
 
 COMPARED = {
@@ -141,10 +141,12 @@ def test_windows_give_the_whole_rank_rows_on_matched_gloo_ranks(
 
 def _store(con: duckdb.DuckDBPyConnection, run_id: str, rows: list[dict[str, Any]]) -> None:
     """A one-rank run of ``rows`` (``decode_helpers`` events) in the database, not decoded."""
-    con.execute("INSERT INTO runs (run_id, world_size) VALUES (?, 1)", [run_id])
+    store = EventStore(con)
+    run_dir = store.new_run_dir(run_id)
+    write_shard(events(rows).to_arrow().cast(arrow_schema(EVENTS)), rank_file(run_dir, 0))
+    con.execute("INSERT INTO runs (run_id, world_size, events_dir) VALUES (?, 1, ?)", [run_id, store.relative(run_dir)])
     con.execute("INSERT INTO ranks (run_id, rank) VALUES (?, 0)", [run_id])
-    table = events(rows).to_arrow().cast(arrow_schema(EVENTS))
-    insert_events(con, table.set_column(0, "run_id", pa.array([run_id] * table.num_rows, pa.string())))
+    refresh_events_view(con)
 
 
 def test_context_rows_link_scope_and_phase_work_launched_after_a_window_starts(

@@ -104,8 +104,8 @@ def refresh_events_view(con: duckdb.DuckDBPyConnection) -> None:
     run_dirs = con.execute(
         "SELECT run_id, events_dir FROM runs WHERE events_dir IS NOT NULL ORDER BY run_id"
     ).fetchall()
-    base = database_path(con).parent
-    present = [(str(r), str(d)) for r, d in run_dirs if any((base / d).glob(f"*/{RANK_FILE}"))]
+    base = database_path(con).parent if run_dirs else None  # an in-memory database holds no run's events
+    present = [(str(r), str(d)) for r, d in run_dirs if base is not None and any((base / d).glob(f"*/{RANK_FILE}"))]
     con.execute(events_view_statement(present))
 
 
