@@ -312,8 +312,9 @@ def _ingest_run(
         delete_run(con, run_id)
         stored = _StoredRanks(con, run_id, len(run.files), store.new_run_dir(run_id))
 
-        # Step 2: parse files in parallel; insert each rank as it arrives, then drop it.
-        # DuckDB on one thread from the first large insert to the end of decode (its inserts too).
+        # Step 2: parse files in parallel; store each rank as it arrives (its events into the run's
+        # folder, its operators inserted), then drop it. DuckDB on one thread from the first large
+        # rank to the end of decode (decode's inserts too).
         try:
             for done, (trace_file, parsed) in enumerate(parsing, start=1):
                 stored.add(trace_file, parsed)

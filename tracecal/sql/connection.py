@@ -5,6 +5,11 @@ dependency order.
 Callers own the connection (``with open_database(path) as con: ...``); library functions take a
 connection and never open hidden global ones.
 
+``events`` is not a table but the event store's view of Parquet files beside the database
+(``tracecal.sql.event_store``): it is made after the tables and before the views that read it, and
+every connection resolves its relative paths from the database's folder (DuckDB's
+``file_search_path``).
+
 Making the schema costs about 0.1 s of DDL and view definitions, more than a whole ingest of a small
 trace or a ``tracecal sql`` query. So ``tracecal_meta`` records a fingerprint of the DDL and view files
 that made the database (``schema_fingerprint``); a database opened by the tracecal that made it, with
