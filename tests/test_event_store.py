@@ -109,3 +109,18 @@ def test_a_refused_first_ingest_leaves_no_store(tmp_path: Path) -> None:
     with open_database(db) as con, pytest.raises(TraceFormatError):
         ingest_runs(con, [run], IngestOptions(workers=1))
     assert not event_store_dir(db).exists()
+
+
+def test_two_databases_of_one_folder_keep_their_own_events(tmp_path: Path) -> None:
+    """``runs.duckdb`` and ``runs.db`` have one stem: each has a store of its own, so that one's
+    clean-up of folders it does not name never deletes the other's."""
+    counts = []
+    for name, run_id in (("runs.duckdb", "first"), ("runs.db", "second")):
+        with open_database(tmp_path / name) as con:
+            ingest_runs(con, [BERT], IngestOptions(run_id=run_id))
+    with open_database(tmp_path / "runs.duckdb") as con:
+        ingest_runs(con, [BERT], IngestOptions(run_id="first"))  # removes the folders it does not name
+    for name in ("runs.duckdb", "runs.db"):
+        with open_database(tmp_path / name, read_only=True) as con:
+            counts.append(con.execute("SELECT run_id, count(*) > 0 FROM events GROUP BY ALL").fetchall())
+    assert counts == [[("first", True)], [("second", True)]]

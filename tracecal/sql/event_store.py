@@ -9,7 +9,7 @@ The other tables (operators, collectives, iterations, ...) stay in the database 
 
 Layout, for a database ``runs/tracecal.duckdb``::
 
-    runs/tracecal.events/                       the store (event_store_dir)
+    runs/tracecal.duckdb.events/                the store (event_store_dir)
         GPT_20B_4_4_8-3f9a0c1e/                  one directory per ingest of a run (runs.events_dir)
             rank=0/events.parquet                one file per rank (hive-partitioned by rank)
             rank=1/events.parquet
@@ -49,8 +49,10 @@ _RUN_DIR = re.compile(r"^[A-Za-z0-9._-]*-[0-9a-f]{8}$")
 
 
 def event_store_dir(db_path: Path) -> Path:
-    """The event store of a database: ``<db stem>.events/`` next to it (as its models are in ``.models/``)."""
-    return db_path.with_name(db_path.stem + ".events")
+    """The event store of a database: ``<db file name>.events/`` next to it. The whole name, suffix
+    included: two databases of one folder (``runs.duckdb``, ``runs.db``) never share a store, whose
+    folders no run of the database names are deleted (``EventStore.remove_orphans``)."""
+    return db_path.with_name(db_path.name + ".events")
 
 
 def database_path(con: duckdb.DuckDBPyConnection) -> Path:
