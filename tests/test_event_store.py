@@ -124,3 +124,18 @@ def test_two_databases_of_one_folder_keep_their_own_events(tmp_path: Path) -> No
         with open_database(tmp_path / name, read_only=True) as con:
             counts.append(con.execute("SELECT run_id, count(*) > 0 FROM events GROUP BY ALL").fetchall())
     assert counts == [[("first", True)], [("second", True)]]
+
+
+def test_a_command_on_a_database_whose_store_is_gone_says_so_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from tracecal.cli.main import app
+
+    db = tmp_path / "t.duckdb"
+    with open_database(db) as con:
+        ingest_runs(con, [BERT], IngestOptions(run_id="bert"))
+    event_store_dir(db).rename(tmp_path / "moved")
+    result = CliRunner().invoke(app, ["runs", "--db", str(db)])
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: ") and ".events folder beside it" in line

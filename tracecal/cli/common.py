@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import math
+import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -64,11 +65,25 @@ stderr = _Console(stderr=True)
 
 @contextmanager
 def user_errors() -> Iterator[None]:
-    """Turn a TracecalError into one line on stderr and exit status 2; let bugs keep their traceback."""
+    """Turn a TracecalError, or DuckDB failing to read a file (a file of the database's event store
+    moved or deleted, a disk error), into one line on stderr and exit status 2; let bugs keep their
+    traceback."""
     try:
         yield
     except TracecalError as exc:
         stderr.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except Exception as exc:
+        duckdb = sys.modules.get("duckdb")  # imported by whatever raised it; not at start-up
+        if duckdb is None or not isinstance(exc, duckdb.IOException):
+            raise
+        message = str(exc).splitlines()[0]
+        if "No files found" in message:
+            message += (
+                " (the database reads its events from the .events folder beside it: move that folder back "
+                "beside the database, or ingest the run again)"
+            )
+        stderr.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
