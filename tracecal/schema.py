@@ -525,7 +525,8 @@ def polars_schema(columns: Table | Iterable[Column]) -> dict[str, pl.DataType]:
     return {c.name: types[c.sql_type] for c in cols}
 
 
-def _sql_string(text: str) -> str:
+def sql_string(text: str) -> str:
+    """``text`` as an SQL string literal (single quotes doubled): for generated DDL and comments."""
     return "'" + text.replace("'", "''") + "'"
 
 
@@ -540,8 +541,8 @@ def ddl(table: Table) -> str:
     body = [f"    {c.name.ljust(width)} {c.sql_type}" for c in table.columns]
     lines.append(",\n".join(body))
     lines.append(");")
-    lines.append(f"COMMENT ON TABLE {table.name} IS {_sql_string(table.doc)};")
-    lines.extend(f"COMMENT ON COLUMN {table.name}.{c.name} IS {_sql_string(c.doc)};" for c in table.columns)
+    lines.append(f"COMMENT ON TABLE {table.name} IS {sql_string(table.doc)};")
+    lines.extend(f"COMMENT ON COLUMN {table.name}.{c.name} IS {sql_string(c.doc)};" for c in table.columns)
     return "\n".join(lines) + "\n"
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 import duckdb
 
 from tracecal.errors import TracecalError
-from tracecal.schema import EVENTS
+from tracecal.schema import EVENTS, sql_string
 
 RANK_FILE = "events.parquet"
 """The name of each rank's file in its ``rank=N`` directory."""
@@ -73,10 +73,6 @@ def search_events_from(con: duckdb.DuckDBPyConnection, db_path: Path) -> None:
     con.execute("SET file_search_path = ?", [str(db_path.absolute().parent)])
 
 
-def _sql_string(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def events_view_statement(run_dirs: Sequence[tuple[str, str]]) -> str:
     """``CREATE OR REPLACE VIEW events`` over the runs' directories (``(run_id, events_dir)``), with the
     columns, types and comments of ``schema.EVENTS``: one ``read_parquet`` per run, its ``rank`` from
@@ -87,14 +83,14 @@ def events_view_statement(run_dirs: Sequence[tuple[str, str]]) -> str:
     typed = ", ".join(f"CAST({c.name} AS {c.sql_type}) AS {c.name}" for c in columns)
     if run_dirs:
         body = "\nUNION ALL\n".join(
-            f"SELECT {_sql_string(run_id)}::VARCHAR AS run_id, rank, {typed} FROM read_parquet("
-            f"{_sql_string(f'{events_dir}/*/{RANK_FILE}')}, hive_partitioning = true, hive_types = {{'rank': INTEGER}})"
+            f"SELECT {sql_string(run_id)}::VARCHAR AS run_id, rank, {typed} FROM read_parquet("
+            f"{sql_string(f'{events_dir}/*/{RANK_FILE}')}, hive_partitioning = true, hive_types = {{'rank': INTEGER}})"
             for run_id, events_dir in run_dirs
         )
     else:
         body = "SELECT " + ", ".join(f"CAST(NULL AS {c.sql_type}) AS {c.name}" for c in EVENTS.columns) + " WHERE false"
-    comments = [f"COMMENT ON VIEW events IS {_sql_string(EVENTS.doc)};"]
-    comments += [f"COMMENT ON COLUMN events.{c.name} IS {_sql_string(c.doc)};" for c in EVENTS.columns]
+    comments = [f"COMMENT ON VIEW events IS {sql_string(EVENTS.doc)};"]
+    comments += [f"COMMENT ON COLUMN events.{c.name} IS {sql_string(c.doc)};" for c in EVENTS.columns]
     return f"CREATE OR REPLACE VIEW events AS\n{body};\n" + "\n".join(comments)
 
 
@@ -106,8 +102,10 @@ def refresh_events_view(con: duckdb.DuckDBPyConnection) -> None:
     run_dirs = con.execute(
         "SELECT run_id, events_dir FROM runs WHERE events_dir IS NOT NULL ORDER BY run_id"
     ).fetchall()
-    base = database_path(con).parent if run_dirs else None  # an in-memory database holds no run's events
-    present = [(str(r), str(d)) for r, d in run_dirs if base is not None and any((base / d).glob(f"*/{RANK_FILE}"))]
+    present: list[tuple[str, str]] = []
+    if run_dirs:  # an in-memory database (no runs) has no folder to look in
+        base = database_path(con).parent
+        present = [(str(r), str(d)) for r, d in run_dirs if any((base / d).glob(f"*/{RANK_FILE}"))]
     con.execute(events_view_statement(present))
 
 
