@@ -153,9 +153,9 @@ def _measure_on_running_cluster(path: Path, workers: int) -> dict[str, Any]:
     import dask
     import distributed
 
-    from tracecal.ingest.dask_cluster import LOCAL_WORKER_CONFIG
+    from tracecal.ingest.dask_cluster import LOCAL_CLUSTER_CONFIG
 
-    with dask.config.set(LOCAL_WORKER_CONFIG):
+    with dask.config.set(LOCAL_CLUSTER_CONFIG):
         cluster = distributed.LocalCluster(
             n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
         )

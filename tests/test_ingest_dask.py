@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pytest
@@ -95,9 +96,12 @@ def test_a_dask_worker_that_dies_is_one_error_naming_its_file_and_the_database_i
 
 
 @pytest.mark.slow
-def test_dask_local_workers_keep_glibcs_own_heap_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dask_local_workers_keep_glibcs_heap_thresholds_and_run_without_dasks_profiler(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Dask sets MALLOC_TRIM_THRESHOLD_ in its workers, which makes a streamed parse fault in fresh pages
-    for every chunk; the workers of --dask local are spawned without it."""
+    for every chunk, and samples every worker's stack 100 times a second; the workers of --dask local
+    are spawned without either, and their event loops tick once a second."""
     pytest.importorskip("distributed")
     import os
 
@@ -107,9 +111,20 @@ def test_dask_local_workers_keep_glibcs_own_heap_thresholds(monkeypatch: pytest.
     # Dask's value in the process environment, which every later worker inherits
     monkeypatch.delenv("MALLOC_TRIM_THRESHOLD_", raising=False)
 
+    def worker_settings(dask_worker: Any) -> tuple[str | None, bool, float]:
+        return (
+            os.environ.get("MALLOC_TRIM_THRESHOLD_"),
+            dask_worker.periodic_callbacks.get("profile") is not None,
+            dask_worker.periodic_callbacks["tick"].callback_time,
+        )
+
     with dask_executor("local", 1) as executor:
-        (environ,) = executor.client.run(lambda: os.environ.get("MALLOC_TRIM_THRESHOLD_")).values()
-    assert environ is None
+        (settings,) = executor.client.run(worker_settings).values()
+        scheduler_tick = executor.client.run_on_scheduler(
+            lambda dask_scheduler: dask_scheduler.periodic_callbacks["tick"].callback_time
+        )
+    assert settings == (None, False, 1000)
+    assert scheduler_tick == 1000
 
 
 def test_dask_without_dask_installed_says_how_to_install_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,12 +17,24 @@ from tracecal.ingest.discover import TraceFile
 
 INSTALL_HINT = "--dask needs Dask, which is not installed: pip install 'tracecal[dask]'"
 
-LOCAL_WORKER_CONFIG = {"distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None}
-"""Dask configuration for the workers of ``--dask local``: without Dask's default
-``MALLOC_TRIM_THRESHOLD_``, which fixes glibc's thresholds (it gives every free page back and maps
-every large block afresh), so that a worker reuses its heap as a pool process does instead of
-page-faulting through every chunk of a streamed parse. Set the same on the workers of a cluster of
-your own (docs/scale-out.md)."""
+LOCAL_CLUSTER_CONFIG = {
+    "distributed.nanny.pre-spawn-environ.MALLOC_TRIM_THRESHOLD_": None,
+    "distributed.worker.profile.enabled": False,
+    "distributed.admin.tick.interval": "1s",
+}
+"""Dask configuration of ``--dask local``'s cluster, which has no dashboard to read what Dask collects
+for one:
+
+- workers spawned without Dask's default ``MALLOC_TRIM_THRESHOLD_``, which fixes glibc's thresholds (it
+  gives every free page back and maps every large block afresh), so that a worker reuses its heap as a
+  pool process does instead of page-faulting through every chunk of a streamed parse;
+- no statistical profiler in the workers (it samples the task thread's stack 100 times a second);
+- the event-loop watchdog ticks once a second, not every 20 ms (it still warns of a loop blocked for
+  seconds).
+
+The last two wake the workers' and the scheduler's event loops, which take the GIL from the parse
+and, with as many workers as cores, a core from the other workers. Set the same on the workers of a
+cluster of your own (docs/scale-out.md)."""
 
 
 class DaskExecutor:
@@ -87,7 +99,7 @@ def dask_executor(target: str, workers: int) -> DaskExecutor:
     if target == "local":
         import dask
 
-        with dask.config.set(LOCAL_WORKER_CONFIG):  # read when the workers are spawned, here
+        with dask.config.set(LOCAL_CLUSTER_CONFIG):  # read when the scheduler and the workers start, here
             cluster = distributed.LocalCluster(
                 n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None
             )
