@@ -80,13 +80,16 @@ _ARG_FIELDS: list[tuple[str, str | None, str]] = [
     ("concrete_inputs", "Concrete Inputs", "raw"),
     ("grid", None, "raw"),
     ("block", None, "raw"),
-    # Collectives: record_param_comms and (2024+) NCCL kernels only.
+    # Collectives: record_param_comms and (2024+) NCCL kernels only. Any of the first four marks a
+    # collective's args (``_COMM_MARKERS``); the rest are read from marked events only.
     ("coll_name", "Collective name", "str"),
+    ("pg_name", "Process Group Name", "name"),
+    ("src_rank", "Src Rank", "int"),
+    ("dst_rank", "Dst Rank", "int"),
     ("in_msg_nelems", "In msg nelems", "int"),
     ("out_msg_nelems", "Out msg nelems", "int"),
     ("group_size", "Group size", "int"),
     ("dtype", None, "str"),
-    ("pg_name", "Process Group Name", "name"),
     ("pg_desc", "Process Group Description", "str"),
     ("pg_ranks", "Process Group Ranks", "raw"),
     ("in_split_size", "In split size", "raw"),
@@ -95,8 +98,6 @@ _ARG_FIELDS: list[tuple[str, str | None, str]] = [
     ("global_rank_stride", "Global rank stride", "int"),
     ("seq", "Seq", "int"),
     ("comms_id", "Comms Id", "int"),
-    ("src_rank", "Src Rank", "int"),
-    ("dst_rank", "Dst Rank", "int"),
 ]
 """The ``args`` keys tracecal keeps, declared once for both decoders below."""
 
@@ -198,12 +199,14 @@ StrictEvent: Any = _strict_event_union()
 """One event, strict: ``CompleteEvent`` or an ``IncompleteEvent``, told apart by ``ph``."""
 
 _ARG_NAMES = tuple(attr for attr, _, _ in _ARG_FIELDS)
-_COMM_FIELDS = _ARG_NAMES[_ARG_NAMES.index("coll_name") :]
 _ARGLESS_CATEGORIES = frozenset({"python_function"})
 """Categories whose events carry none of the kept args in every trace seen (see ``_Rows``)."""
 _COMM_MARKERS = ("coll_name", "pg_name", "src_rank", "dst_rank")
 """Collective args come as a set (record_param_comms, NCCL kernels): any of these keys marks one, and
 the other collective keys are read from marked events only."""
+_EVERY_EVENT_ARGS = max(map(_ARG_NAMES.index, _COMM_MARKERS)) + 1
+"""The leading ``args`` fields read from every event: linking, shapes and the collective markers, which
+``_ARG_FIELDS`` declares first. The other collective fields are transposed for the marked events only."""
 _GET = {f: attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args", *_ARG_NAMES)}
 _EVENTS_SCHEMA = arrow_schema(EVENTS)
 _INT64 = pa.int64()
@@ -305,9 +308,10 @@ def events_to_batch(
     if _ARGLESS_CATEGORIES.intersection(categories):
         # Many events carry none of the kept args (python_function: only Python ids): the arg
         # columns are read from the others. The test is exact, the category only says it pays.
-        core = _Rows.of(args, np.fromiter(map(ne, args, repeat(_NO_ARGS[strict])), dtype=bool, count=n), ints)
+        keep = np.fromiter(map(ne, args, repeat(_NO_ARGS[strict])), dtype=bool, count=n)
+        core = _Rows.of(args, keep, ints, _EVERY_EVENT_ARGS)
     else:
-        core = _Rows.of(args, None, ints)
+        core = _Rows.of(args, None, ints, _EVERY_EVENT_ARGS)
     pid = _id_ints(top["pid"])
     tid = _id_ints(top["tid"])
     gpu_codes = [i for i, k in enumerate(kinds) if k in DEVICE_TRACK_KINDS]
@@ -436,31 +440,34 @@ class _Fields:
     ``msgspec.structs.astuple`` per Struct and a ``zip`` give every field of a block at once while its
     Structs and their tuples stay in the CPU cache, and each block's values are copied into one list
     per field (a slice assignment in C). The lists then convert to Arrow in one call per column, however
-    many Structs there are.
+    many Structs there are. With ``leading``, only the Structs' first ``leading`` fields are transposed
+    (``zip`` builds a field's values when they are asked for, so the fields after them cost nothing).
     """
 
-    def __init__(self, structs: Sequence[Any]) -> None:
-        self.structs = structs
+    def __init__(self, structs: Sequence[Any], leading: int | None = None) -> None:
+        self.structs, self.leading = structs, leading
         self.columns: dict[str, Sequence[Any]] | None = None
 
     def __getitem__(self, field: str) -> Sequence[Any]:
         if self.columns is None:
-            self.columns = _transposed(self.structs)
+            self.columns = _transposed(self.structs, self.leading)
         return self.columns[field]
 
 
-def _transposed(structs: Sequence[Any]) -> dict[str, Sequence[Any]]:
-    """Every field of ``structs`` (Structs of one type) as a sequence of values, one per Struct."""
+def _transposed(structs: Sequence[Any], leading: int | None = None) -> dict[str, Sequence[Any]]:
+    """The first ``leading`` fields (all when None) of ``structs`` (Structs of one type), each as a
+    sequence of values, one per Struct."""
     n = len(structs)
     if not n:
         return dict.fromkeys(_GET, ())
-    names = type(structs[0]).__struct_fields__
+    names = type(structs[0]).__struct_fields__[:leading]
+    # zip(names, ...) stops at the last name without building the columns after it
     if n <= TRANSPOSE_ROWS:
-        return dict(zip(names, zip(*map(astuple, structs), strict=True), strict=True))
+        return dict(zip(names, zip(*map(astuple, structs))))  # noqa: B905
     columns: list[list[Any]] = [[None] * n for _ in names]
     for start in range(0, n, TRANSPOSE_ROWS):
         stop = min(start + TRANSPOSE_ROWS, n)
-        for column, values in zip(columns, zip(*map(astuple, structs[start:stop]), strict=True), strict=True):
+        for column, values in zip(columns, zip(*map(astuple, structs[start:stop]))):  # noqa: B905
             column[start:stop] = values
     return dict(zip(names, columns, strict=True))
 
@@ -469,20 +476,20 @@ class _Rows:
     """The ``args`` of the rows ``rows`` of an ``n``-row batch; columns read from them are spread back
     to ``n`` rows, null elsewhere. ``ints`` converts integer args (``_exact_ints`` or ``_ints``)."""
 
-    def __init__(self, args: Sequence[Any], rows: np.ndarray, n: int, ints: Any) -> None:
+    def __init__(self, args: Sequence[Any], rows: np.ndarray, n: int, ints: Any, leading: int | None = None) -> None:
         self.args, self.rows, self.n, self.ints_of = args, rows, n, ints
-        self.fields = _Fields(args)
+        self.fields = _Fields(args, leading)
         self.take: pa.Array | None = None
         if len(rows) != n:
             self.take = _spread_index(rows, n)
 
     @classmethod
-    def of(cls, args: Sequence[Any], keep: np.ndarray | None, ints: Any) -> _Rows:
-        """The rows of ``args`` where ``keep`` is set (all when None)."""
+    def of(cls, args: Sequence[Any], keep: np.ndarray | None, ints: Any, leading: int | None = None) -> _Rows:
+        """The rows of ``args`` where ``keep`` is set (all when None); ``leading``: as ``_Fields``."""
         if keep is None or keep.all():
-            return cls(args, np.arange(len(args)), len(args), ints)
+            return cls(args, np.arange(len(args)), len(args), ints, leading)
         rows = np.flatnonzero(keep)
-        return cls(_pick(args, rows.tolist()), rows, len(args), ints)
+        return cls(_pick(args, rows.tolist()), rows, len(args), ints, leading)
 
     def values(self, field: str) -> Sequence[Any]:
         return self.fields[field]
