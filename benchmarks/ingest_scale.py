@@ -4,6 +4,7 @@ side, and 1 -> 2 workers, in one run.
     python benchmarks/ingest_scale.py                          # 0.3, 1, 3, 7 GB; HTA on 0.3 and 1 GB; 8 x 1 GB run
     python benchmarks/ingest_scale.py --sizes 0.3 1 --ranks 0  # a subset, no workers run
     python benchmarks/ingest_scale.py --sizes --rank-gb 0.3    # only the workers run, of 8 x 0.3 GB ranks
+    python benchmarks/ingest_scale.py --sizes --executors local dask --rounds 3   # ratios of 3 alternated rounds
 
 Rank files are synthetic-from-real: ``--source``'s events replicated with shifted timestamps into one
 uncompressed JSON file of at least the size, made in a temporary directory under ``--tmp`` and deleted
@@ -20,8 +21,11 @@ seconds and peak RSS come from the kernel's accounting (``ingest_vs_hta._Usage``
   the names), ingested whole with 1 and 2 workers on the local process pool, then with ``--dask local``
   when ``trace-ingest --help`` offers it (its ``LocalCluster`` started inside the measured time), and
   with ``--dask ADDRESS`` of a ``LocalCluster`` of as many workers started before the clock starts.
-  Wall time gives the speed-up; CPU counts every process of the local pool (its fork server is
-  stopped and reaped at the end), not Dask's.
+  Wall time gives the speed-up. CPU counts every process of the local pool (its fork server is
+  stopped and reaped at the end) and of ``--dask local``'s cluster (closed by the ingest, its workers
+  reaped), not of a cluster started before the clock. ``--rounds`` repeats each executor's -j1 and -j2,
+  alternated, and prints every round's ratio and their median: on a shared machine one ratio moves by
+  more than a target's margin.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import os
 import re
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -264,7 +269,15 @@ def _dask_offered() -> str | None:
     return None if "--dask" in out.stdout else "trace-ingest has no --dask option here"
 
 
-def workers_table(ranks: int, size_gb: float, source: Path, tmp: Path) -> None:
+EXECUTORS = {
+    "local": ("local", ""),
+    "dask": ("dask local", "-dask"),
+    "dask-up": ("dask ADDRESS (cluster up)", "-dask-up"),
+}
+"""``--executors`` choices: the name printed and the child case's suffix."""
+
+
+def workers_table(ranks: int, size_gb: float, source: Path, tmp: Path, executors: list[str], rounds: int) -> None:
     run = tmp / f"{ranks}x{size_gb:g}GB"
     run.mkdir()
     one = tmp / "one_rank.json"
@@ -272,28 +285,39 @@ def workers_table(ranks: int, size_gb: float, source: Path, tmp: Path) -> None:
     for rank in range(ranks):
         os.symlink(one, run / f"rank-{rank}.json")
     total_mb = ranks * size / 1e6
-    executors = [("local", "")]
-    skip = _dask_offered()
-    if skip is None:
-        executors += [("dask local", "-dask"), ("dask ADDRESS (cluster up)", "-dask-up")]
-    for name, suffix in executors:
-        results = {j: _run_child(f"ingest-j{j}{suffix}", run) for j in (1, 2)}
-        failed = [f"-j{j}: {r['failed'][:120]}" for j, r in results.items() if "failed" in r]
-        if failed:
-            print(f"{name}: failed ({'; '.join(failed)})", flush=True)
-            continue
-        for j, r in results.items():
-            cpu = (
-                f"{r['cpu']:.1f} CPU-s ({total_mb / r['cpu']:.1f} MB/s per CPU-s)" if not suffix else "CPU not counted"
-            )
-            print(
-                f"{name} -j{j}: {ranks} x {size / 1e9:.2f} GB: {r['wall']:.1f} s wall, {cpu}; "
-                f"peak RSS main {r['main_rss'] / 1e9:.2f} GB, largest worker {r['worker_rss'] / 1e9:.2f} GB",
-                flush=True,
-            )
-        print(f"{name} 1 -> 2 workers: {results[1]['wall'] / results[2]['wall']:.2f}x (wall, whole ingest)", flush=True)
+    skip = _dask_offered() if any(e != "local" for e in executors) else None
+    chosen = [EXECUTORS[e] for e in executors if e == "local" or skip is None]
+    ratios: dict[str, list[float]] = {name: [] for name, _ in chosen}
+    # Round by round, each executor's -j1 then -j2, so that a slow spell of the machine falls on both
+    # halves of a ratio rather than on one executor.
+    for round_ in range(1, rounds + 1):
+        for name, suffix in chosen:
+            results = {j: _run_child(f"ingest-j{j}{suffix}", run) for j in (1, 2)}
+            failed = [f"-j{j}: {r['failed'][:120]}" for j, r in results.items() if "failed" in r]
+            label = f"{name} (round {round_})" if rounds > 1 else name
+            if failed:
+                print(f"{label}: failed ({'; '.join(failed)})", flush=True)
+                continue
+            for j, r in results.items():
+                cpu = f"{r['cpu']:.1f} CPU-s ({total_mb / r['cpu']:.1f} MB/s per CPU-s), loader's {r['load_cpu']:.1f}"
+                if suffix == "-dask-up":  # the cluster outlives the case: its workers are not reaped in it
+                    cpu = "CPU not counted"
+                print(
+                    f"{label} -j{j}: {ranks} x {size / 1e9:.2f} GB: {r['wall']:.1f} s wall, {cpu}; "
+                    f"peak RSS main {r['main_rss'] / 1e9:.2f} GB, largest worker {r['worker_rss'] / 1e9:.2f} GB; "
+                    f"load average {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+            ratios[name].append(results[1]["wall"] / results[2]["wall"])
+            print(f"{label} 1 -> 2 workers: {ratios[name][-1]:.2f}x (wall, whole ingest)", flush=True)
+    if rounds > 1:
+        for name, values in ratios.items():
+            listed = ", ".join(f"{v:.2f}" for v in values)
+            if values:
+                median = statistics.median(values)
+                print(f"{name} 1 -> 2 workers over {len(values)} rounds: {listed}; median {median:.2f}x")
     if skip is not None:
-        print(f"dask local: skipped ({skip})")
+        print(f"dask: skipped ({skip})")
     print(f"two processes of pure-Python work on this machine now: {machine_ceiling():.2f}x")
     shutil.rmtree(run)
     one.unlink()
@@ -308,6 +332,12 @@ def main() -> None:
     parser.add_argument("--hta-sizes", type=float, nargs="*", default=DEFAULT_HTA_SIZES, help="of --sizes, run HTA on")
     parser.add_argument("--ranks", type=int, default=8, help="ranks of the 1 -> 2 workers run (0: none)")
     parser.add_argument("--rank-gb", type=float, default=1.0, help="size of each rank of that run")
+    parser.add_argument(
+        "--executors", nargs="+", choices=list(EXECUTORS), default=list(EXECUTORS), help="of the workers run"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="workers run: times each executor's -j1 and -j2 are run, alternated"
+    )
     parser.add_argument("--source", type=Path, default=STRESS_SOURCE, help="real trace the files replicate")
     parser.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()), help="where the files are made")
     args = parser.parse_args()
@@ -326,7 +356,7 @@ def main() -> None:
             sizes_table(args.sizes, args.hta_sizes, args.source, Path(tmp))
         if args.ranks:
             print()
-            workers_table(args.ranks, args.rank_gb, args.source, Path(tmp))
+            workers_table(args.ranks, args.rank_gb, args.source, Path(tmp), args.executors, max(1, args.rounds))
 
 
 if __name__ == "__main__":
