@@ -28,9 +28,9 @@ for one:
 - workers spawned without Dask's default ``MALLOC_TRIM_THRESHOLD_``, which fixes glibc's thresholds (it
   gives every free page back and maps every large block afresh), so that a worker reuses its heap as a
   pool process does instead of page-faulting through every chunk of a streamed parse;
-- no statistical profiler in the workers (it samples the task thread's stack 100 times a second);
-- the event-loop watchdog ticks once a second, not every 20 ms (it still warns of a loop blocked for
-  seconds).
+- no statistical profiler in the workers (Dask's samples the task thread's stack every 10 ms);
+- an event-loop watchdog that ticks once a second (Dask's ticks every 20 ms); it still warns of a
+  loop blocked for seconds.
 
 The last two wake the workers' and the scheduler's event loops, which take the GIL from the parse
 and, with as many workers as cores, a core from the other workers. Set the same on the workers of a

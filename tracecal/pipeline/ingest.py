@@ -332,17 +332,9 @@ def _ingest_run(
                 layout = (layout_from_process_groups(stored.process_groups) or ParallelLayout()).merged(layout)
             insert_rows(con, RANKS.name, arrow_schema(RANKS), [{**r, "run_id": run_id} for r in stored.rows])
             load_seconds = time.perf_counter() - started
-            insert_rows(
-                con,
-                RUNS.name,
-                arrow_schema(RUNS),
-                [
-                    {
-                        **_run_row(run_id, run, options, layout, world_size, len(stored.rows), load_seconds),
-                        "events_dir": store.relative(stored.run_dir),
-                    }
-                ],
-            )
+            events_dir = store.relative(stored.run_dir)
+            row = _run_row(run_id, run, options, layout, world_size, len(stored.rows), load_seconds, events_dir)
+            insert_rows(con, RUNS.name, arrow_schema(RUNS), [row])
             refresh_events_view(con)
             run_layout = replace(layout, world_size=world_size)
 
@@ -534,7 +526,9 @@ def _run_row(
     world_size: int,
     ranks_found: int,
     seconds: float,
+    events_dir: str,
 ) -> dict[str, Any]:
+    """The ``runs`` row; ``events_dir``: the run's folder of the event store, relative to the database's."""
     return {
         "run_id": run_id,
         "name": run.name,
@@ -556,4 +550,5 @@ def _run_row(
         "ingest_seconds": seconds,
         "ingested_at": datetime.now(timezone.utc).replace(tzinfo=None),
         "tool_version": __version__,
+        "events_dir": events_dir,
     }
